@@ -1,0 +1,3 @@
+from kestrel_lab.cli import main
+
+raise SystemExit(main())

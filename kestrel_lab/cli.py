@@ -1,0 +1,49 @@
+"""The ``kestrel-lab`` command: one sub-command group per capability.
+
+Each capability module that has commands exposes ``register(subparsers)``, which adds its parser and
+sets ``func`` (called with the parsed arguments, returning an exit code). This file only lists them.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Modules that register commands, in the order ``--help`` lists them.
+COMMAND_MODULES = [
+    "kestrel_lab.commands_core",  # book, measurements, runner-info
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kestrel-lab",
+        description="Kestrel Lab: the workbook tools of the Qwen inference-engine course.",
+    )
+    from kestrel_lab import __version__
+
+    parser.add_argument("--version", action="version", version=f"kestrel-lab {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0 if args.command is None else 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (OSError, ValueError) as e:  # format and I/O errors carry their own file/field/offset
+        print(f"kestrel-lab {args.command}: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,55 @@
+"""Workbook-wide commands: the book's generated sources, measurements, and the machine's fingerprint."""
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    book = sub.add_parser("book", help="generate the book's table of contents and syllabus page")
+    book_sub = book.add_subparsers(dest="book_command", metavar="ACTION", required=True)
+    src = book_sub.add_parser("sources", help="regenerate _toc.yml and book/syllabus.md")
+    src.add_argument("--check", action="store_true", help="fail if they are out of date instead")
+    src.set_defaults(func=_book_sources)
+
+    meas = sub.add_parser("measurements", help="show a notebook's measured figures across runners")
+    meas.add_argument("notebook", help="notebook id, e.g. day02_3")
+    meas.set_defaults(func=_measurements)
+
+    info = sub.add_parser("runner-info", help="print this machine's fingerprint (as recorded with figures)")
+    info.add_argument("--json", action="store_true", help="print the JSON recorded in provenance")
+    info.set_defaults(func=_runner_info)
+
+
+def _book_sources(args) -> int:
+    from kestrel_lab import syllabus
+
+    if args.check:
+        stale = [p for p, text in (("_toc.yml", syllabus.toc_yaml()),
+                                   ("book/syllabus.md", syllabus.syllabus_markdown()))
+                 if (syllabus.REPO_ROOT / p).read_text(encoding="utf-8") != text]
+        for p in stale:
+            print(f"{p} is out of date: run `kestrel-lab book sources`")
+        return 1 if stale else 0
+    for path in syllabus.write_sources():
+        print(f"wrote {path}")
+    return 0
+
+
+def _measurements(args) -> int:
+    from kestrel_lab import measure
+
+    table = measure.compare(args.notebook)
+    if not len(table):
+        print(f"no figures recorded for {args.notebook}")
+        return 1
+    print(table.to_markdown())
+    return 0
+
+
+def _runner_info(args) -> int:
+    from kestrel_lab import machine
+
+    fp = machine.fingerprint()
+    print(json.dumps(fp, indent=1, ensure_ascii=False) if args.json else machine.describe(fp))
+    return 0

@@ -1,0 +1,177 @@
+"""The machine's fingerprint: what a measured figure was measured on.
+
+Used by ``measure`` (every recorded figure carries it) and by ``kestrel-lab runner-info`` (what a board
+operator pastes into a report). Reads /proc and /sys where they exist, so that the big.LITTLE clusters
+of an RK3588 (4×Cortex-A76 + 4×Cortex-A55) show up as two clusters. Taught in day01_3 and day28_1.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+# ARM "CPU part" ids seen on the boards this course targets.
+_ARM_PARTS = {
+    "0xd03": "Cortex-A53", "0xd04": "Cortex-A35", "0xd05": "Cortex-A55", "0xd07": "Cortex-A57",
+    "0xd08": "Cortex-A72", "0xd09": "Cortex-A73", "0xd0a": "Cortex-A75", "0xd0b": "Cortex-A76",
+    "0xd0d": "Cortex-A77", "0xd41": "Cortex-A78", "0xd44": "Cortex-X1", "0xd46": "Cortex-A510",
+    "0xd47": "Cortex-A710", "0xd48": "Cortex-X2", "0xd4d": "Cortex-A715", "0xd4e": "Cortex-X3",
+}
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
+
+
+def _cpuinfo_blocks() -> list[dict[str, str]]:
+    text = _read("/proc/cpuinfo") or ""
+    blocks, cur = [], {}
+    for line in text.splitlines():
+        if not line.strip():
+            if cur:
+                blocks.append(cur)
+                cur = {}
+            continue
+        key, _, value = line.partition(":")
+        cur[key.strip()] = value.strip()
+    if cur:
+        blocks.append(cur)
+    return [b for b in blocks if "processor" in b]
+
+
+def cpu_clusters() -> list[dict]:
+    """Group logical CPUs by (model, max frequency): one entry per cluster."""
+    clusters: dict[tuple, list[int]] = {}
+    for block in _cpuinfo_blocks():
+        try:
+            cpu = int(block["processor"])
+        except ValueError:
+            continue
+        model = block.get("model name")
+        if not model and "CPU part" in block:
+            model = _ARM_PARTS.get(block["CPU part"].lower(), f"ARM part {block['CPU part']}")
+        max_khz = _read(f"/sys/devices/system/cpu/cpu{cpu}/cpufreq/cpuinfo_max_freq")
+        key = (model or platform.processor() or "unknown", int(max_khz) // 1000 if max_khz else None)
+        clusters.setdefault(key, []).append(cpu)
+    if not clusters:
+        return [{"model": platform.processor() or "unknown", "max_mhz": None,
+                 "cpus": list(range(os.cpu_count() or 1))}]
+    return [{"model": m, "max_mhz": f, "cpus": cpus} for (m, f), cpus in sorted(clusters.items(),
+            key=lambda kv: kv[1][0])]
+
+
+def memory_bytes() -> int | None:
+    for line in (_read("/proc/meminfo") or "").splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def _versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for mod in ("numpy", "numba", "llvmlite"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001 - an absent library is a fact to record, not an error
+            out[mod] = None
+    from kestrel_lab import __version__
+
+    out["kestrel_lab"] = __version__
+    return out
+
+
+@lru_cache(maxsize=1)
+def git_commit() -> str | None:
+    """The checkout's commit, with ``+dirty`` when the working tree differs from it."""
+    from kestrel_lab.paths import REPO_ROOT
+
+    try:
+        sha = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short=12", "HEAD"],
+                             capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain",
+                                "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return sha + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def numba_threading() -> dict:
+    try:
+        import numba
+
+        return {"threads": numba.config.NUMBA_NUM_THREADS,
+                "layer": numba.config.THREADING_LAYER}
+    except Exception:  # noqa: BLE001
+        return {}
+
+
+def fingerprint() -> dict:
+    """Everything a figure's provenance says about the machine and the software."""
+    gov = _read("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
+    return {
+        "arch": platform.machine(),
+        "clusters": cpu_clusters(),
+        "cores": os.cpu_count(),
+        "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "memory_bytes": memory_bytes(),
+        "governor": gov,
+        "os": f"{platform.system()} {platform.release()}",
+        "distro": _distro(),
+        "hostname": platform.node(),
+        "versions": _versions(),
+        "numba": numba_threading(),
+        "git_commit": git_commit(),
+        "executable": sys.executable,
+    }
+
+
+def _distro() -> str | None:
+    for line in (_read("/etc/os-release") or "").splitlines():
+        if line.startswith("PRETTY_NAME="):
+            return line.split("=", 1)[1].strip('"')
+    return None
+
+
+def describe(fp: dict | None = None) -> str:
+    """One line per fact, for ``kestrel-lab runner-info``."""
+    fp = fp or fingerprint()
+    lines = [f"arch        {fp['arch']}"]
+    for c in fp["clusters"]:
+        freq = f" @ {c['max_mhz']} MHz" if c["max_mhz"] else ""
+        lines.append(f"cluster     {len(c['cpus'])} × {c['model']}{freq}  (cpus {_ranges(c['cpus'])})")
+    mem = fp["memory_bytes"]
+    lines += [
+        f"cores       {fp['cores']} (this process may use {_ranges(fp['affinity'] or [])})",
+        f"memory      {mem / 2**30:.1f} GiB" if mem else "memory      unknown",
+        f"governor    {fp['governor'] or 'n/a'}",
+        f"os          {fp['os']} ({fp['distro'] or 'unknown distribution'})",
+    ]
+    lines += [f"{k:<11} {v}" for k, v in fp["versions"].items()]
+    if fp["numba"]:
+        lines.append(f"numba thr.  {fp['numba'].get('threads')} threads, layer "
+                     f"{fp['numba'].get('layer')}")
+    lines.append(f"git commit  {fp['git_commit'] or 'not a git checkout'}")
+    return "\n".join(lines)
+
+
+def _ranges(cpus: list[int]) -> str:
+    """[0,1,2,3,6] -> '0-3,6'."""
+    out, start, prev = [], None, None
+    for c in sorted(cpus):
+        if start is None:
+            start = prev = c
+        elif c == prev + 1:
+            prev = c
+        else:
+            out.append(f"{start}-{prev}" if start != prev else str(start))
+            start = prev = c
+    if start is not None:
+        out.append(f"{start}-{prev}" if start != prev else str(start))
+    return ",".join(out)
