@@ -50,6 +50,6 @@ def _measurements(args) -> int:
 def _runner_info(args) -> int:
     from kestrel_lab import machine
 
-    fp = machine.fingerprint()
+    fp = machine.fingerprint(probe_threading=True)
     print(json.dumps(fp, indent=1, ensure_ascii=False) if args.json else machine.describe(fp))
     return 0

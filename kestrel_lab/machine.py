@@ -61,9 +61,15 @@ def cpu_clusters() -> list[dict]:
         clusters.setdefault(key, []).append(cpu)
     if not clusters:
         return [{"model": platform.processor() or "unknown", "max_mhz": None,
-                 "cpus": list(range(os.cpu_count() or 1))}]
-    return [{"model": m, "max_mhz": f, "cpus": cpus} for (m, f), cpus in sorted(clusters.items(),
-            key=lambda kv: kv[1][0])]
+                 "cpus": list(range(os.cpu_count() or 1)), "governor": _governor(0)}]
+    return [{"model": m, "max_mhz": f, "cpus": cpus, "governor": _governor(cpus[0])}
+            for (m, f), cpus in sorted(clusters.items(), key=lambda kv: kv[1][0])]
+
+
+def _governor(cpu: int) -> str | None:
+    """The cpufreq governor of one CPU (a cluster shares one policy): 'performance' is what a
+    benchmark wants; 'schedutil' or 'ondemand' let the clock ramp while a measurement runs."""
+    return _read(f"/sys/devices/system/cpu/cpu{cpu}/cpufreq/scaling_governor")
 
 
 def memory_bytes() -> int | None:
@@ -102,18 +108,50 @@ def git_commit() -> str | None:
         return None
 
 
-def numba_threading() -> dict:
+def numba_threading(probe: bool = False) -> dict:
+    """numba's thread count, the layer asked for (``NUMBA_THREADING_LAYER``) and the layer in use.
+
+    The layer in use (tbb, omp or workqueue) is only known once a parallel kernel has run; with
+    ``probe=True`` a one-line ``prange`` kernel is run to find out (``runner-info`` does; a notebook's
+    provenance records it only if the notebook already ran a parallel kernel).
+    """
     try:
         import numba
-
-        return {"threads": numba.config.NUMBA_NUM_THREADS,
-                "layer": numba.config.THREADING_LAYER}
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - an absent library is a fact to record, not an error
         return {}
+    out = {"threads": numba.config.NUMBA_NUM_THREADS, "layer": numba.config.THREADING_LAYER,
+           "layer_in_use": None}
+    try:
+        out["layer_in_use"] = numba.threading_layer()
+    except ValueError:  # not initialised yet
+        if probe:
+            try:
+                _probe_parallel()
+                out["layer_in_use"] = numba.threading_layer()
+            except Exception as e:  # noqa: BLE001 - report, do not fail the fingerprint
+                out["layer_in_use"] = f"unavailable ({type(e).__name__}: {e})"
+    return out
 
 
-def fingerprint() -> dict:
-    """Everything a figure's provenance says about the machine and the software."""
+def _probe_parallel() -> None:
+    import numpy as np
+    from numba import njit, prange
+
+    @njit(parallel=True, cache=True)
+    def _sum(a):  # pragma: no cover - compiled
+        s = 0.0
+        for i in prange(a.size):
+            s += a[i]
+        return s
+
+    _sum(np.ones(64))
+
+
+def fingerprint(probe_threading: bool = False) -> dict:
+    """Everything a figure's provenance says about the machine and the software.
+
+    Taught in day01_3 and day28_1.
+    """
     gov = _read("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
     return {
         "arch": platform.machine(),
@@ -123,10 +161,13 @@ def fingerprint() -> dict:
         "memory_bytes": memory_bytes(),
         "governor": gov,
         "os": f"{platform.system()} {platform.release()}",
+        "kernel": f"{platform.release()} {platform.version()}",
         "distro": _distro(),
         "hostname": platform.node(),
         "versions": _versions(),
-        "numba": numba_threading(),
+        "numba": numba_threading(probe_threading),
+        "numba_env": {k: os.environ[k] for k in ("NUMBA_NUM_THREADS", "NUMBA_THREADING_LAYER")
+                      if k in os.environ},
         "git_commit": git_commit(),
         "executable": sys.executable,
     }
@@ -145,7 +186,8 @@ def describe(fp: dict | None = None) -> str:
     lines = [f"arch        {fp['arch']}"]
     for c in fp["clusters"]:
         freq = f" @ {c['max_mhz']} MHz" if c["max_mhz"] else ""
-        lines.append(f"cluster     {len(c['cpus'])} × {c['model']}{freq}  (cpus {_ranges(c['cpus'])})")
+        gov = f", governor {c['governor']}" if c.get("governor") else ""
+        lines.append(f"cluster     {len(c['cpus'])} × {c['model']}{freq}  (cpus {_ranges(c['cpus'])}{gov})")
     mem = fp["memory_bytes"]
     lines += [
         f"cores       {fp['cores']} (this process may use {_ranges(fp['affinity'] or [])})",
@@ -153,10 +195,15 @@ def describe(fp: dict | None = None) -> str:
         f"governor    {fp['governor'] or 'n/a'}",
         f"os          {fp['os']} ({fp['distro'] or 'unknown distribution'})",
     ]
+    if fp.get("kernel"):
+        lines.append(f"kernel      {fp['kernel']}")
     lines += [f"{k:<11} {v}" for k, v in fp["versions"].items()]
     if fp["numba"]:
+        in_use = fp["numba"].get("layer_in_use")
         lines.append(f"numba thr.  {fp['numba'].get('threads')} threads, layer "
-                     f"{fp['numba'].get('layer')}")
+                     f"{fp['numba'].get('layer')}" + (f" (in use: {in_use})" if in_use else ""))
+    for k, v in (fp.get("numba_env") or {}).items():
+        lines.append(f"{'env':<11} {k}={v}")
     lines.append(f"git commit  {fp['git_commit'] or 'not a git checkout'}")
     return "\n".join(lines)
 

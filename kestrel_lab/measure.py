@@ -19,9 +19,12 @@ import datetime as _dt
 import html
 import json
 import math
+import os
 import re
 import statistics
+import subprocess
 import time
+from functools import lru_cache
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -34,6 +37,16 @@ SCHEMA = "kestrel-lab/measurements/1"
 NOTEBOOK_ID = re.compile(r"^day(0[1-9]|[12][0-9]|30)_[123]$")
 RUNNER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 STATUSES = ("measured", "not_measured", "article")
+# Set by ``kestrel-lab rerun`` for each notebook it executes: ``Recorder.save()`` then writes into this
+# folder, and the runner moves the file into data/measurements/<runner>/ only once the whole notebook
+# has succeeded (so a notebook that fails after ``save()`` never replaces the runner's good figures).
+STAGE_ENV = "KESTREL_MEASUREMENTS_STAGE"
+
+
+def stage_dir() -> Path | None:
+    """The staging folder of a ``kestrel-lab rerun`` in progress, else None. Taught in day28_2."""
+    env = os.environ.get(STAGE_ENV)
+    return Path(env) if env else None
 
 
 class MeasurementError(ValueError):
@@ -181,9 +194,14 @@ class Recorder:
         }
 
     def save(self, root: Path | None = None) -> Path:
+        """Write ``<root>/<runner>/<notebook>.json`` atomically (temp file, then rename).
+
+        ``root`` defaults to data/measurements/, or to the staging folder while ``kestrel-lab rerun``
+        executes the notebook (the runner publishes the file when the notebook has succeeded).
+        """
         if not self.figures:
             raise MeasurementError(f"{self.notebook}: nothing recorded, nothing to save")
-        path = (root or measurements_dir()) / self.runner / f"{self.notebook}.json"
+        path = (root or stage_dir() or measurements_dir()) / self.runner / f"{self.notebook}.json"
         return write_json(path, self.document())
 
     def table(self) -> "FigureTable":
@@ -238,12 +256,23 @@ def validate(doc: dict, *, where: str = "<document>") -> dict:
     return doc
 
 
-def load_file(path: Path) -> dict:
+def parse_bytes(data: bytes, where: str) -> dict:
+    """Parse and validate one measurements file given as bytes (``where`` names it in errors)."""
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise MeasurementError(f"{where}: not UTF-8 at byte offset {e.start}") from e
+    try:
+        doc = json.loads(text)
     except json.JSONDecodeError as e:
-        raise MeasurementError(f"{path}: not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from e
-    return validate(doc, where=str(path))
+        offset = len(text[:e.pos].encode("utf-8"))
+        raise MeasurementError(f"{where}: not valid JSON at line {e.lineno}, column {e.colno} "
+                               f"(byte offset {offset}): {e.msg}") from e
+    return validate(doc, where=where)
+
+
+def load_file(path: Path) -> dict:
+    return parse_bytes(Path(path).read_bytes(), str(path))
 
 
 def runners(root: Path | None = None) -> list[str]:
@@ -252,11 +281,80 @@ def runners(root: Path | None = None) -> list[str]:
 
 
 def load_notebook(notebook: str, root: Path | None = None) -> list[dict]:
-    """Every runner's document for one notebook: the article's first, then by runner name."""
+    """Every runner's document for one notebook: the article's first, then by runner name.
+
+    With ``root`` left out, a file staged by a ``kestrel-lab rerun`` in progress stands in for that
+    runner's published one, so the notebook's closing table shows the figures it just measured.
+    """
+    roots = [root] if root else [measurements_dir()] + ([stage_dir()] if stage_dir() else [])
+    by_runner: dict[str, dict] = {}
+    for base in roots:
+        for r in runners(base):
+            path = base / r / f"{notebook}.json"
+            if path.exists():
+                by_runner[r] = load_file(path)
+    return sorted(by_runner.values(), key=lambda d: (d["source"] != "article", d["provenance"]["runner"]))
+
+
+def load_all(root: Path | None = None) -> list[dict]:
+    """Every measurements document under ``root``, by runner then notebook (for the dashboard).
+
+    Taught in day28_3.
+    """
     root = root or measurements_dir()
-    docs = [load_file(root / r / f"{notebook}.json") for r in runners(root)
-            if (root / r / f"{notebook}.json").exists()]
-    return sorted(docs, key=lambda d: (d["source"] != "article", d["provenance"]["runner"]))
+    docs = []
+    for r in runners(root):
+        for path in sorted((root / r).glob("day*_*.json")):
+            docs.append(load_file(path))
+    return docs
+
+
+# --------------------------------------------------------------------------- commits and staleness
+def _git(*args: str) -> subprocess.CompletedProcess | None:
+    from kestrel_lab.paths import REPO_ROOT
+
+    try:
+        return subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True,
+                              timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+@lru_cache(maxsize=None)
+def notebook_commit(notebook: str) -> str | None:
+    """The last commit that changed the notebook's file (short hash), or None when unknown
+    (not a git checkout, or the notebook is not committed yet). Taught in day28_1."""
+    from kestrel_lab import syllabus
+    from kestrel_lab.paths import REPO_ROOT
+
+    try:
+        path = syllabus.find_notebooks(REPO_ROOT).get(notebook)
+    except ValueError:
+        return None
+    if path is None:
+        return None
+    res = _git("log", "-1", "--format=%h", "--abbrev=12", "--", path.as_posix())
+    return res.stdout.strip() or None if res and res.returncode == 0 else None
+
+
+@lru_cache(maxsize=None)
+def _contains(commit: str, ancestor: str) -> bool | None:
+    res = _git("merge-base", "--is-ancestor", ancestor, commit)
+    if res is None or res.returncode not in (0, 1):
+        return None  # a commit this checkout does not know (e.g. made on the board, never pushed)
+    return res.returncode == 0
+
+
+def measured_with_older_commit(fig_commit: str | None, notebook: str) -> bool | None:
+    """True when the figure's commit predates the notebook's last change (the notebook has changed
+    since it was measured), False when it does not, None when it cannot be told (article figures,
+    unknown commits, no git). Taught in day28_1."""
+    if not fig_commit or fig_commit in ("?", "article"):
+        return None
+    current = notebook_commit(notebook)
+    if current is None:
+        return None
+    return None if (c := _contains(fig_commit.split("+")[0], current)) is None else not c
 
 
 def _row(doc: dict, fig: dict) -> dict:
@@ -273,6 +371,7 @@ def _row(doc: dict, fig: dict) -> dict:
         "date": prov["date"][:10],
         "commit": mach.get("git_commit") or ("article" if doc["source"] == "article" else "?"),
         "source": doc["source"],
+        "stale": None,
     }
 
 
@@ -295,21 +394,25 @@ class FigureTable:
     """Rows of figures; renders as HTML in a notebook and as Markdown in text."""
 
     columns = ("figure", "runner", "value", "unit", "date", "commit")
+    STALE_MARK = "⚠"
 
-    def __init__(self, rows: list[dict], title: str = ""):
+    def __init__(self, rows: list[dict], title: str = "", notes: list[str] | None = None):
         self.rows = rows
         self.title = title
+        self.notes = list(notes or [])
 
     def _cells(self, row: dict) -> list[str]:
         value = format_value(row["value"], row["status"], row.get("reason"))
         if row["source"] == "article":
             value += " (article)"
-        return [row["figure"], row["runner"], value, row["unit"], row["date"], row["commit"]]
+        commit = row["commit"] + (f" {self.STALE_MARK}" if row.get("stale") else "")
+        return [row["figure"], row["runner"], value, row["unit"], row["date"], commit]
 
     def to_markdown(self) -> str:
         head = "| " + " | ".join(self.columns) + " |\n|" + "---|" * len(self.columns) + "\n"
-        return head + "".join("| " + " | ".join(c.replace("|", "\\|") for c in self._cells(r)) + " |\n"
-                              for r in self.rows)
+        body = "".join("| " + " | ".join(c.replace("|", "\\|") for c in self._cells(r)) + " |\n"
+                       for r in self.rows)
+        return head + body + "".join(f"\n{n}\n" for n in self.notes)
 
     def _repr_markdown_(self) -> str:
         return (f"**{self.title}**\n\n" if self.title else "") + self.to_markdown()
@@ -319,7 +422,9 @@ class FigureTable:
         body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in self._cells(r)) + "</tr>"
                        for r in self.rows)
         cap = f"<caption>{html.escape(self.title)}</caption>" if self.title else ""
-        return f'<table class="kestrel-figures">{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+        notes = "".join(f'<p class="kestrel-figures-note">{html.escape(n)}</p>' for n in self.notes)
+        return (f'<table class="kestrel-figures">{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody>'
+                f'</table>{notes}')
 
     def __repr__(self) -> str:
         return self.to_markdown()
@@ -329,7 +434,12 @@ class FigureTable:
 
 
 def compare(notebook: str, root: Path | None = None) -> FigureTable:
-    """A notebook's figures side by side across every runner that measured them."""
+    """A notebook's figures side by side across every runner that measured them.
+
+    Each row says who measured the figure, when, and with which kestrel_lab commit; ⚠ marks a figure
+    measured with a commit older than the notebook's last change (re-run it to refresh). Taught in
+    day01_3 and day28_1.
+    """
     docs = load_notebook(check_notebook_id(notebook), root)
     order: list[str] = []
     for d in docs:
@@ -337,4 +447,11 @@ def compare(notebook: str, root: Path | None = None) -> FigureTable:
             if f["name"] not in order:
                 order.append(f["name"])
     rows = [_row(d, f) for name in order for d in docs for f in d["figures"] if f["name"] == name]
-    return FigureTable(rows, title=f"{notebook}: figures by runner")
+    for row in rows:
+        if row["source"] == "run":
+            row["stale"] = measured_with_older_commit(row["commit"], notebook)
+    notes = []
+    if any(r["stale"] for r in rows):
+        notes.append(f"{FigureTable.STALE_MARK} measured with a kestrel_lab commit older than the "
+                     f"notebook's current one ({notebook_commit(notebook)}): re-run to refresh.")
+    return FigureTable(rows, title=f"{notebook}: figures by runner", notes=notes)

@@ -128,8 +128,9 @@ def syllabus_markdown(root: Path = REPO_ROOT) -> str:
 def write_sources(root: Path = REPO_ROOT) -> list[Path]:
     """Regenerate ``_toc.yml`` and ``book/syllabus.md``; return the paths that changed."""
     changed = []
-    for path, text in ((root / "_toc.yml", toc_yaml(root)),
-                       (root / "book" / "syllabus.md", syllabus_markdown(root))):
+    # The syllabus page first: the toc lists it only once it exists.
+    for path, make in ((root / "book" / "syllabus.md", syllabus_markdown), (root / "_toc.yml", toc_yaml)):
+        text = make(root)
         if not path.exists() or path.read_text(encoding="utf-8") != text:
             with atomic_write(path, "w") as fh:
                 fh.write(text)

@@ -1,0 +1,358 @@
+"""The machine's ceilings: memory bandwidth, matvec and matmul FLOP/s, and the roofline they draw.
+
+Decoding one token of a dense model reads every weight once and does about two FLOPs per weight, so
+it is bound by memory bandwidth, not arithmetic. The first thing to know about a machine is therefore
+how many bytes per second its cores can pull from DRAM; every later kernel is judged against that
+ceiling (``decode_ceiling``), re-measured in the same run, never taken from a table.
+
+Conventions: GB/s and GFLOP/s are decimal (1e9). Read bandwidth counts the bytes of the array summed;
+copy bandwidth counts bytes read plus bytes written (the STREAM convention: the write-allocate reads
+a cache line fetches before it is overwritten are not counted, so copy usually reports less than
+read). Arrays are several times the last-level cache so the figures are DRAM figures. Each figure is
+the median of ``repeat`` timed runs after one untimed warm-up (which also compiles the numba kernels,
+cached on disk with ``cache=True``).
+
+Taught in day02_3.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from kestrel_lab.measure import timeit
+
+GB = 1e9
+MiB = 1 << 20
+
+# Work units per thread for the parallel kernels: a few per thread so a slow thread does not
+# leave the others idle at the end, few enough that each unit is a long contiguous run.
+_CHUNKS_PER_THREAD = 4
+
+
+# --------------------------------------------------------------------------------------- kernels
+# The chunk loops index a slice from 0 rather than ``a[lo + j]``: numba then knows the index is not
+# negative, drops the wrap-around check, and LLVM vectorizes the loop (3-4x faster on x86-64).
+@njit(parallel=True, fastmath=True, cache=True)
+def _sum_chunks(a, n_chunks):
+    """Sum ``a`` in ``n_chunks`` contiguous pieces, one per parallel work unit.
+
+    fastmath lets LLVM reorder the float additions, i.e. keep several vector accumulators: without it
+    the loop is a chain of dependent adds and measures add latency, not memory.
+    """
+    n = a.shape[0]
+    step = (n + n_chunks - 1) // n_chunks
+    partial = np.zeros(n_chunks, dtype=np.float64)
+    for c in prange(n_chunks):
+        seg = a[c * step:min(n, c * step + step)]
+        acc = np.float32(0.0)
+        for j in range(seg.shape[0]):
+            acc += seg[j]
+        partial[c] = acc
+    return partial.sum()
+
+
+@njit(parallel=True, cache=True)
+def _copy_chunks(dst, src, n_chunks):
+    n = src.shape[0]
+    step = (n + n_chunks - 1) // n_chunks
+    for c in prange(n_chunks):
+        s = src[c * step:min(n, c * step + step)]
+        d = dst[c * step:min(n, c * step + step)]
+        for j in range(s.shape[0]):
+            d[j] = s[j]
+
+
+@njit(parallel=True, cache=True)
+def _fill_chunks(a, value, n_chunks):
+    # First touch from the worker threads, so pages are mapped the way the kernels will read them.
+    n = a.shape[0]
+    step = (n + n_chunks - 1) // n_chunks
+    for c in prange(n_chunks):
+        seg = a[c * step:min(n, c * step + step)]
+        for j in range(seg.shape[0]):
+            seg[j] = value
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def _matvec_f32(w, x, y):
+    """y = w @ x for a row-major f32 matrix: one row per work item, a contiguous dot per row."""
+    rows, cols = w.shape
+    for r in prange(rows):
+        acc = np.float32(0.0)
+        for k in range(cols):
+            acc += w[r, k] * x[k]
+        y[r] = acc
+
+
+# --------------------------------------------------------------------------------------- helpers
+@contextmanager
+def numba_threads(threads: int | None):
+    """Run the block with ``threads`` numba threads (None: numba's default), then restore the count.
+
+    Taught in day02_3.
+    """
+    n = resolve_threads(threads)
+    previous = numba.get_num_threads()
+    numba.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        numba.set_num_threads(previous)
+
+
+def resolve_threads(threads: int | None) -> int:
+    """``None`` -> numba's default thread count (``NUMBA_NUM_THREADS``); otherwise check the range.
+
+    Taught in day02_3.
+    """
+    limit = numba.config.NUMBA_NUM_THREADS
+    if threads is None:
+        return limit
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)):
+        raise TypeError(f"threads must be an int or None, not {type(threads).__name__}")
+    if not 1 <= threads <= limit:
+        raise ValueError(f"threads={threads}: numba can use 1 to {limit} threads here "
+                         f"(NUMBA_NUM_THREADS={limit})")
+    return int(threads)
+
+
+def last_level_cache_bytes() -> int | None:
+    """The largest CPU cache of cpu0 from /sys (None when the OS does not say).
+
+    Bandwidth arrays must be several times this, or the figure is a cache figure. Taught in day02_3.
+    """
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    best = None
+    for idx in sorted(base.glob("index*")) if base.exists() else []:
+        try:
+            text = (idx / "size").read_text().strip()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+        digits = text[:-1] if text[-1:].isalpha() else text
+        try:
+            size = int(digits) * scale
+        except ValueError:
+            continue
+        best = size if best is None else max(best, size)
+    return best
+
+
+def _check_positive(name: str, value, kind=int):
+    """Raise a clear error unless ``value`` is a positive int (kind=int) or positive finite number."""
+    allowed = (int, np.integer) if kind is int else (numbers.Real,)
+    if isinstance(value, bool) or not isinstance(value, allowed):
+        what = "an int" if kind is int else "a number"
+        raise TypeError(f"{name} must be {what}, not {type(value).__name__}")
+    if not math.isfinite(value) or not value > 0:
+        raise ValueError(f"{name} must be positive, got {value}")
+
+
+# ----------------------------------------------------------------------------------- measurements
+def _check_kernels(chunks: int) -> None:
+    """Compile (or load from the cache) the kernels and check them on a small array first."""
+    a = np.random.default_rng(1).random(100_003, dtype=np.float32)
+    ref = float(np.sum(a, dtype=np.float64))
+    got = _sum_chunks(a, chunks)
+    if not abs(got - ref) <= 1e-4 * ref:
+        raise RuntimeError(f"sum kernel returned {got}, numpy says {ref}")
+    b = np.zeros_like(a)
+    _copy_chunks(b, a, chunks)
+    if not np.array_equal(a, b):
+        raise RuntimeError("copy kernel did not copy the array")
+
+
+def memory_bandwidth(threads: int | None = None, size_mb: int = 256, repeat: int = 5) -> dict:
+    """Measure DRAM read and copy bandwidth with numba ``prange`` kernels.
+
+    ``size_mb`` MiB of float32 are summed (read) and copied into a second array of the same size
+    (copy = bytes read + bytes written). ``threads=None`` uses numba's default thread count; the
+    caller's thread count is restored afterwards. Returns ``read_gbs``, ``copy_gbs`` (medians of
+    ``repeat`` runs), their spreads ((max - min) / median) and samples, ``threads``, ``bytes`` (one
+    array), ``repeat`` and ``llc_bytes`` (the last-level cache, to judge whether the array was big
+    enough). Taught in day02_3.
+    """
+    _check_positive("size_mb", size_mb)
+    _check_positive("repeat", repeat)
+    nbytes = int(size_mb) * MiB
+    n = nbytes // 4
+    with numba_threads(threads) as nt:
+        chunks = nt * _CHUNKS_PER_THREAD
+        src = np.empty(n, dtype=np.float32)
+        dst = np.empty(n, dtype=np.float32)
+        _check_kernels(chunks)
+        _fill_chunks(src, np.float32(1.0), chunks)
+        _fill_chunks(dst, np.float32(0.0), chunks)
+        read = timeit(lambda: _sum_chunks(src, chunks), repeat=repeat, warmup=1)
+        copy = timeit(lambda: _copy_chunks(dst, src, chunks), repeat=repeat, warmup=1)
+        if dst[-1] != 1.0 or dst[0] != 1.0:
+            raise RuntimeError("copy kernel did not copy")
+    del src, dst
+    return {
+        "read_gbs": nbytes / read.median / GB,
+        "copy_gbs": 2 * nbytes / copy.median / GB,
+        "read_spread": read.spread,
+        "copy_spread": copy.spread,
+        "read_seconds": read.samples,
+        "copy_seconds": copy.samples,
+        "threads": nt,
+        "bytes": nbytes,
+        "repeat": int(repeat),
+        "llc_bytes": last_level_cache_bytes(),
+    }
+
+
+def matvec_gflops(rows: int = 4096, cols: int = 4096, threads: int | None = None, repeat: int = 5,
+                  seed: int = 0) -> dict:
+    """GFLOP/s of an f32 matvec y = W @ x, numpy's (BLAS) and a numba ``prange`` version.
+
+    A matvec does 2·rows·cols FLOPs and reads 4·rows·cols bytes of W: 0.5 FLOP per byte, so on any
+    modern CPU it is memory-bound and its GFLOP/s is about half the read GB/s. ``threads`` sets
+    numba's threads only; numpy's BLAS uses its own pool (``OPENBLAS_NUM_THREADS`` at start-up).
+    Returns both GFLOP/s and the equivalent GB/s of W, the FLOPs, the bytes, the arithmetic
+    intensity and ``max_abs_diff`` between the two results. Taught in day02_3.
+    """
+    _check_positive("rows", rows)
+    _check_positive("cols", cols)
+    _check_positive("repeat", repeat)
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((rows, cols), dtype=np.float32)
+    x = rng.standard_normal(cols, dtype=np.float32)
+    y = np.empty(rows, dtype=np.float32)
+    flops = 2 * rows * cols
+    nbytes = w.nbytes + x.nbytes + y.nbytes
+    with numba_threads(threads) as nt:
+        t_np = timeit(lambda: np.matmul(w, x, out=y), repeat=repeat, warmup=1)
+        y_np = y.copy()
+        t_nb = timeit(lambda: _matvec_f32(w, x, y), repeat=repeat, warmup=1)
+    diff = float(np.max(np.abs(y - y_np)))
+    return {
+        "numpy_gflops": flops / t_np.median / GB,
+        "numba_gflops": flops / t_nb.median / GB,
+        "numpy_gbs": nbytes / t_np.median / GB,
+        "numba_gbs": nbytes / t_nb.median / GB,
+        "numpy_spread": t_np.spread,
+        "numba_spread": t_nb.spread,
+        "rows": int(rows),
+        "cols": int(cols),
+        "threads": nt,
+        "flops": flops,
+        "bytes": nbytes,
+        "intensity": flops / nbytes,
+        "max_abs_diff": diff,
+        "repeat": int(repeat),
+    }
+
+
+def matmul_gflops(n: int = 1024, repeat: int = 5, seed: int = 0) -> dict:
+    """GFLOP/s of numpy's f32 n×n matmul: the compute roof the BLAS library reaches here.
+
+    A matmul does 2n³ FLOPs on 12n² bytes, so its intensity (n/6 FLOP/byte) is far right of the
+    ridge and it measures arithmetic, not memory. Uses numpy's BLAS threads. Taught in day02_3.
+    """
+    _check_positive("n", n)
+    _check_positive("repeat", repeat)
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    c = np.empty((n, n), dtype=np.float32)
+    t = timeit(lambda: np.matmul(a, b, out=c), repeat=repeat, warmup=1)
+    flops = 2 * n ** 3
+    nbytes = 3 * a.nbytes
+    return {"gflops": flops / t.median / GB, "spread": t.spread, "n": int(n), "flops": flops,
+            "bytes": nbytes, "intensity": flops / nbytes, "repeat": int(repeat)}
+
+
+# ------------------------------------------------------------------------------------ the model
+def attainable_gflops(intensity, peak_gflops: float, bandwidth_gbs: float):
+    """The roofline: min(peak, intensity × bandwidth), for a scalar or an array of intensities.
+
+    Taught in day02_3.
+    """
+    _check_positive("peak_gflops", peak_gflops, float)
+    _check_positive("bandwidth_gbs", bandwidth_gbs, float)
+    return np.minimum(peak_gflops, np.asarray(intensity, dtype=np.float64) * bandwidth_gbs)
+
+
+def ridge_intensity(peak_gflops: float, bandwidth_gbs: float) -> float:
+    """FLOP per byte where a kernel stops being memory-bound: peak / bandwidth. Taught in day02_3."""
+    _check_positive("peak_gflops", peak_gflops, float)
+    _check_positive("bandwidth_gbs", bandwidth_gbs, float)
+    return peak_gflops / bandwidth_gbs
+
+
+def decode_ceiling(weight_bytes_per_token: int, read_gbs: float) -> float:
+    """Tokens/s that a bandwidth-bound decode cannot exceed: read bandwidth / bytes read per token.
+
+    Each decoded token streams every weight matrix from memory once (the KV cache and activations
+    are small beside them at short contexts), so no kernel, however clever, beats this figure on
+    this machine. Taught in day02_3.
+    """
+    _check_positive("weight_bytes_per_token", weight_bytes_per_token)
+    _check_positive("read_gbs", read_gbs, float)
+    return read_gbs * GB / weight_bytes_per_token
+
+
+def weights_read_per_token(config: dict, block_bytes: int = 18, block_values: int = 32,
+                           norm_bytes: int = 4) -> dict:
+    """Bytes a dense Qwen3 decode step reads, from a HF ``config.json`` dict.
+
+    Every matrix (q, k, v, o, gate, up, down of each layer, and the lm head, which is the tied
+    embedding when ``tie_word_embeddings``) is stored in a block format of ``block_bytes`` per
+    ``block_values`` weights (Q4_0: 18 B per 32; Q8_0: 34 B per 32); the RMSNorm weights (two per
+    layer, q/k norms, the final one) are f32. The token embedding row looked up per token is ignored
+    (one row). Returns the breakdown and ``total``. Taught in day02_3.
+    """
+    def need(key):
+        if key not in config:
+            raise KeyError(f"config has no field {key!r} (a Qwen3 config.json is expected)")
+        value = config[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"config field {key!r} must be a positive integer, got {value!r}")
+        return value
+
+    hidden = need("hidden_size")
+    inter = need("intermediate_size")
+    layers = need("num_hidden_layers")
+    heads = need("num_attention_heads")
+    kv_heads = need("num_key_value_heads")
+    vocab = need("vocab_size")
+    head_dim = config.get("head_dim") or hidden // heads
+    _check_positive("block_bytes", block_bytes)
+    _check_positive("block_values", block_values)
+    shapes = {
+        "q": (heads * head_dim, hidden), "k": (kv_heads * head_dim, hidden),
+        "v": (kv_heads * head_dim, hidden), "o": (hidden, heads * head_dim),
+        "gate": (inter, hidden), "up": (inter, hidden), "down": (hidden, inter),
+    }
+    for name, (r, c) in shapes.items():
+        if c % block_values:
+            raise ValueError(f"matrix {name}: {c} columns is not a multiple of the block size {block_values}")
+    per_layer_weights = sum(r * c for r, c in shapes.values())
+    layer_matrix_bytes = layers * per_layer_weights // block_values * block_bytes
+    lm_head_weights = vocab * hidden
+    lm_head_bytes = lm_head_weights // block_values * block_bytes
+    norm_values = layers * (2 * hidden + 2 * head_dim) + hidden
+    norms = norm_values * norm_bytes
+    return {
+        "per_layer_weights": per_layer_weights,
+        "layer_matrix_bytes": layer_matrix_bytes,
+        "lm_head_weights": lm_head_weights,
+        "lm_head_bytes": lm_head_bytes,
+        "norm_bytes": norms,
+        "total": layer_matrix_bytes + lm_head_bytes + norms,
+    }
+
+
+def threads_available() -> int:
+    """How many CPUs this process may run on (affinity-aware). Taught in day02_3."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1

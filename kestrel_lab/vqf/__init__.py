@@ -1,0 +1,17 @@
+"""VQF: the engine's single-file weight format (version 2).
+
+One file holds a model's configuration, a signature block saying where the weights came from, a
+directory of 64-byte entries (name, qtype, rows, cols, offset, bytes) and the tensors themselves,
+each 64-byte aligned in a page-aligned data area, followed by an FNV-1a 64 checksum. The layout of
+every byte is in ``format`` (and, generated from it, book/formats/vqf.md).
+
+- ``format``   — the byte layout: header, model configuration, VQFSig, flags, directory entries.
+- ``layout``   — which tensors a model has, in which order, built from which HF tensors (``plan``).
+- ``planner``  — offsets and sizes of a planned file, without weights (``kestrel-lab vqf plan``).
+- ``writer``   — ``VQFWriter``: streams tensors into a file, checksum included, atomically.
+- ``reader``   — ``open_vqf``: mmap, checks, zero-copy numpy views by name.
+- ``checksum`` — FNV-1a 64 in numba, over the article's exact byte range.
+- ``inspect``  — the article's parser, its five assertions and an ``od``-style dump.
+
+Taught in day16_1, day16_2 and day16_3.
+"""

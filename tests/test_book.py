@@ -1,0 +1,105 @@
+"""The built book: every page is there, Chinese search works, no notebook errored, and a real browser
+renders it. `make test` builds the book before pytest runs."""
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+from conftest import IN_CI, REPO, require_built_book
+
+CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+def toc_files() -> list[str]:
+    toc = yaml.safe_load((REPO / "_toc.yml").read_text(encoding="utf-8"))
+    files = [toc["root"]]
+    for part in toc.get("parts", []):
+        files += [ch["file"] for ch in part["chapters"]]
+    return files
+
+
+def test_every_toc_page_is_built():
+    html = require_built_book()
+    missing = [f for f in toc_files() if not (html / f"{f}.html").exists()]
+    assert not missing, f"pages missing from _build/html: {missing}"
+
+
+def _search_index(html: Path) -> dict:
+    text = (html / "searchindex.js").read_text(encoding="utf-8")
+    return json.loads(text[text.index("(") + 1: text.rindex(")")])
+
+
+def test_search_indexes_chinese_words_of_notebooks():
+    html = require_built_book()
+    index = _search_index(html)
+    docnames = index["docnames"]
+    nb_docs = {i for i, d in enumerate(docnames) if d.startswith("notebooks/")}
+    assert nb_docs, "no notebook pages in the search index"
+    zh_terms = {t: docs for t, docs in index["terms"].items() if CJK.search(t)}
+    in_notebooks = [t for t, docs in zh_terms.items()
+                    if nb_docs & set(docs if isinstance(docs, list) else [docs])]
+    assert len(in_notebooks) > 50, "Chinese words of the notebooks are not searchable (is jieba installed?)"
+
+
+def test_executed_notebooks_have_no_errors():
+    html = require_built_book()
+    executed = sorted((html.parent / "jupyter_execute").rglob("*.ipynb"))
+    assert executed, "the build executed no notebook"
+    for path in executed:
+        nb = nbformat.read(path, as_version=4)
+        errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+                  if o.get("output_type") == "error"]
+        assert not errors, f"{path}: {errors[0].get('ename')}: {errors[0].get('evalue')}"
+
+
+def _chromium() -> str:
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not exe:
+        if IN_CI:
+            pytest.fail("chromium is missing: scripts/system-deps.sh installs it (Debian package chromium)")
+        pytest.skip("chromium not installed (apt-get install chromium fonts-noto-cjk)")
+    return exe
+
+
+def _render(url: str, screenshot: Path | None = None) -> str:
+    """Load a page in headless Chromium, let its scripts run, return the DOM."""
+    exe = _chromium()
+    with tempfile.TemporaryDirectory() as profile:
+        flags = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 f"--user-data-dir={profile}", "--virtual-time-budget=8000", "--allow-file-access-from-files"]
+        dom = subprocess.run(flags + ["--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+        if screenshot:
+            screenshot.parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run(flags + ["--window-size=1280,1600", f"--screenshot={screenshot}", url],
+                           capture_output=True, timeout=120)
+    return dom
+
+
+@pytest.mark.browser
+def test_browser_renders_intro_and_a_notebook_page():
+    html = require_built_book()
+    shots = html.parent / "screenshots"
+    dom = _render((html / "index.html").as_uri(), shots / "intro.png")
+    assert "从零手写 Qwen 推理引擎" in dom
+    assert (shots / "intro.png").stat().st_size > 10_000
+    notebook = next(f for f in toc_files() if f.startswith("notebooks/"))
+    dom = _render((html / f"{notebook}.html").as_uri(), shots / "notebook.png")
+    assert re.search(r"<h1[^>]*>.*Day \d\d", dom), "the notebook's Chinese title is not rendered"
+    assert 'class="cell docutils container"' in dom or "cell_input" in dom, "no code cell in the DOM"
+    assert CJK.search(dom)
+
+
+@pytest.mark.browser
+def test_browser_search_finds_a_chinese_word():
+    html = require_built_book()
+    dom = _render((html / "search.html").as_uri() + "?q=%E8%AF%8D%E8%A1%A8")  # 词表
+    assert re.search(r'<ul class="search[^"]*">\s*<li', dom) or "search-summary" in dom
+    hits = re.findall(r'<li[^>]*><a href="([^"]+)"', dom)
+    assert hits, "searching 词表 found nothing in the rendered search page"

@@ -1,0 +1,101 @@
+import json
+
+import pytest
+
+from kestrel_lab import measure
+
+
+def test_record_save_load_roundtrip(tmp_path):
+    rec = measure.Recorder("day02_3", "test-runner", params={"quick": True})
+    assert rec.record("mem_read_gbs", 12.5, "GB/s", "read bandwidth") == 12.5
+    rec.record("count", 3, "items", "a count")
+    rec.not_measured("fnv_seconds", "s", "FNV over the 2 GB file", "no model.vqf on this runner")
+    path = rec.save(tmp_path)
+    assert path == tmp_path / "test-runner" / "day02_3.json"
+    doc = measure.load_file(path)
+    prov = doc["provenance"]
+    assert prov["runner"] == "test-runner" and prov["parameters"] == {"quick": True}
+    mach = prov["machine"]
+    for key in ("arch", "clusters", "cores", "memory_bytes", "os", "versions"):
+        assert key in mach
+    assert {"python", "numpy", "numba", "kestrel_lab"} <= set(mach["versions"])
+    names = [f["name"] for f in doc["figures"]]
+    assert names == ["mem_read_gbs", "count", "fnv_seconds"]
+    assert doc["figures"][2]["status"] == "not_measured" and doc["figures"][2]["value"] is None
+
+
+def test_nothing_written_until_save_and_failed_save_keeps_old_file(tmp_path):
+    rec = measure.Recorder("day01_3", "r1")
+    rec.record("x", 1.0, "s", "first")
+    path = rec.save(tmp_path)
+    before = path.read_text()
+    rec2 = measure.Recorder("day01_3", "r1")
+    with pytest.raises(measure.MeasurementError):
+        rec2.save(tmp_path)  # nothing recorded
+    with pytest.raises(measure.MeasurementError):
+        rec2.record("bad", float("nan"), "s", "not finite")
+    assert path.read_text() == before
+    assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("notebook", ["day1_1", "day31_1", "day02_4", "dayXX_1", "day00_1"])
+def test_bad_notebook_ids_rejected(notebook):
+    with pytest.raises(measure.MeasurementError, match="dayDD_P"):
+        measure.Recorder(notebook)
+
+
+@pytest.mark.parametrize("runner", ["", "../etc", "a b", "x" * 65, "-lead"])
+def test_bad_runner_labels_rejected(runner):
+    with pytest.raises(measure.MeasurementError, match="runner"):
+        measure.Recorder("day01_1", runner)
+
+
+def test_validate_names_file_and_field(tmp_path):
+    rec = measure.Recorder("day01_1", "r")
+    rec.record("x", 1, "u", "m")
+    doc = rec.document()
+    doc["figures"][0]["status"] = "guessed"
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(doc))
+    with pytest.raises(measure.MeasurementError, match=r"bad\.json.*figures\[0\]\.status"):
+        measure.load_file(p)
+    p.write_text("{not json")
+    with pytest.raises(measure.MeasurementError, match="not valid JSON at line 1"):
+        measure.load_file(p)
+
+
+def test_compare_puts_article_first_and_marks_not_measured(tmp_path):
+    for runner, value in (("zz-board", 2.0), ("aa-laptop", 3.0)):
+        r = measure.Recorder("day16_3", runner)
+        r.record("vqf_fnv_seconds", value, "s", "FNV time")
+        r.not_measured("vqf_fnv_stored", "hex", "trailer", "needs the board's model.vqf")
+        r.save(tmp_path)
+    article = measure.Recorder("day16_3", "article-rk3588").document()
+    article["source"] = "article"
+    article["figures"] = [dict(name="vqf_fnv_seconds", value=7.21, unit="s", meaning="FNV time",
+                               status="article", reason=None, extra={})]
+    (tmp_path / "article-rk3588").mkdir()
+    (tmp_path / "article-rk3588" / "day16_3.json").write_text(json.dumps(article))
+    table = measure.compare("day16_3", tmp_path)
+    fnv = [r for r in table.rows if r["figure"] == "vqf_fnv_seconds"]
+    assert [r["runner"] for r in fnv] == ["article-rk3588", "aa-laptop", "zz-board"]
+    md = table.to_markdown()
+    assert "7.21 (article)" in md and "not measured here (needs the board's model.vqf)" in md
+    assert "<table" in table._repr_html_()
+
+
+def test_timeit_reports_median_of_samples():
+    calls = []
+    t = measure.timeit(lambda: calls.append(1), repeat=7, warmup=2)
+    assert len(calls) == 9 and len(t.samples) == 7
+    assert t.best <= t.median
+
+
+def test_article_datasets_are_valid_and_marked():
+    for nb in ("day16_3", "day18_2"):
+        docs = measure.load_notebook(nb)
+        art = [d for d in docs if d["provenance"]["runner"] == "article-rk3588"]
+        assert len(art) == 1 and art[0]["source"] == "article"
+        assert all(f["status"] == "article" for f in art[0]["figures"])
+    sha = {f["name"]: f["value"] for f in measure.load_notebook("day18_2")[0]["figures"]}["vocab_bin_sha256"]
+    assert sha == "299e1c156bff1b85b5b4dc098c1d7f2e33e0b76fe1967d0d21df328985637a73"
