@@ -109,7 +109,7 @@ def quantize_q8_0(x: np.ndarray) -> np.ndarray:
     blocks = _as_blocks(x)
     rows, nb, _ = blocks.shape
     d = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):  # subnormal scales overflow 1/d, as in gguf-py
         inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
     q = _roundf(blocks * inv).astype(np.int8)
     out = np.empty((rows, nb, Q8_0.block_bytes), dtype=np.uint8)
@@ -134,7 +134,7 @@ def quantize_q4_0(x: np.ndarray) -> np.ndarray:
     imax = np.abs(blocks).argmax(axis=-1)[..., None]
     m = np.take_along_axis(blocks, imax, axis=-1)
     d = m / np.float32(-8)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):  # subnormal scales overflow 1/d, as in gguf-py
         inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
     q = np.trunc(blocks * inv + np.float32(8.5)).clip(0, 15).astype(np.uint8)
     packed = q[..., :16] | (q[..., 16:] << np.uint8(4))

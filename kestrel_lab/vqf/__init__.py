@@ -12,6 +12,9 @@ every byte is in ``format`` (and, generated from it, book/formats/vqf.md).
 - ``reader``   — ``open_vqf``: mmap, checks, zero-copy numpy views by name.
 - ``checksum`` — FNV-1a 64 in numba, over the article's exact byte range.
 - ``inspect``  — the article's parser, its five assertions and an ``od``-style dump.
+- ``spec``     — the generated tables of book/formats/vqf.md (``kestrel-lab vqf spec``).
+- ``synth``    — seeded random-weight files of any real layout, for lessons and tests.
+- ``cli``      — ``kestrel-lab vqf plan | inspect | verify | dump | spec``.
 
 Taught in day16_1, day16_2 and day16_3.
 """

@@ -52,21 +52,24 @@ assert struct.calcsize(ENTRY_FORMAT) == ENTRY_SIZE and DIR_OFFSET == 448
 
 
 class VQFFormatError(ValueError):
-    """A VQF file (or a header about to be written) that breaks the format; names field and offset."""
+    """A VQF file (or a header about to be written) that breaks the format; names field and offset.
+    Taught in day16_3."""
 
 
 def round_up(x: int, align: int) -> int:
+    """Round ``x`` up to a multiple of ``align``. Taught in day16_1."""
     return (x + align - 1) // align * align
 
 
 def data_offset_for(n_tensors: int) -> int:
-    """Where the data area starts: the first page boundary after the directory."""
+    """Where the data area starts: the first page boundary after the directory. Taught in day16_1."""
     return round_up(DIR_OFFSET + ENTRY_SIZE * n_tensors, PAGE)
 
 
 # ----------------------------------------------------------------------------------------- flags
 @dataclass(frozen=True)
 class Flag:
+    """One bit of the header's ``flags`` field. Taught in day16_1."""
     bit: int
     name: str
     meaning: str
@@ -90,6 +93,7 @@ KNOWN_FLAGS = sum(f.mask for f in FLAGS)
 
 
 def describe_flags(flags: int) -> str:
+    """``flags`` as names joined by ``|`` (unknown bits shown in hex). Taught in day16_1."""
     names = [f.name for f in FLAGS if flags & f.mask]
     unknown = flags & ~KNOWN_FLAGS
     if unknown:
@@ -100,6 +104,7 @@ def describe_flags(flags: int) -> str:
 # ------------------------------------------------------------------------------- header fields
 @dataclass(frozen=True)
 class Field:
+    """One field of the header/VQFSig or of a directory entry. Taught in day16_2."""
     offset: int
     name: str
     code: str       # struct code of one field (little-endian implied)
@@ -207,6 +212,7 @@ assert _end == ENTRY_SIZE
 
 # --------------------------------------------------------------------------------- strings
 def pack_str(value: str, size: int, field: str) -> bytes:
+    """A NUL-terminated, NUL-padded UTF-8 field of ``size`` bytes. Taught in day16_2."""
     raw = (value or "").encode("utf-8")
     if len(raw) >= size:
         raise VQFFormatError(f"{field}: {value!r} is {len(raw)} bytes; at most {size - 1} fit (NUL-terminated)")
@@ -214,7 +220,7 @@ def pack_str(value: str, size: int, field: str) -> bytes:
 
 
 def unpack_str(raw: bytes, field: str, offset: int, where: str = "") -> str:
-    """NUL-padded UTF-8: a NUL within the field, only NULs after it, valid UTF-8 before it."""
+    """NUL-padded UTF-8: a NUL within the field, only NULs after it, valid UTF-8 before it. Taught in day16_2."""
     nul = raw.find(b"\x00")
     pre = f"{where}: " if where else ""
     if nul < 0:
@@ -336,7 +342,7 @@ def pack_header(config: ModelConfig, *, flags: int, n_tensors: int, data_offset:
 
 
 def unpack_header_raw(buf: bytes) -> dict:
-    """The 432 header bytes → {field name: value} without any check (what the inspector shows)."""
+    """The 432 header bytes → {field name: value} without any check (what the inspector shows). Taught in day16_2."""
     if len(buf) < HEADER_END:
         raise VQFFormatError(f"header needs {HEADER_END} bytes, got {len(buf)}")
     values = struct.unpack_from(HEADER_FORMAT, buf, 0)
@@ -349,7 +355,8 @@ def unpack_header_raw(buf: bytes) -> dict:
 
 
 def config_from_header(h: dict, where: str = "") -> ModelConfig:
-    """Rebuild the ``ModelConfig`` a header describes; reject values a version-2 reader doesn't know."""
+    """Rebuild the ``ModelConfig`` a header describes; reject values a version-2 reader doesn't know.
+    Taught in day16_2."""
     pre = f"{where}: " if where else ""
 
     def bad(name, why):
@@ -405,7 +412,7 @@ def config_from_header(h: dict, where: str = "") -> ModelConfig:
 
 
 def source_from_header(h: dict, where: str = "") -> dict:
-    """The VQFSig block as a dict (tool, model, sha256, bytes, dtype, n_files, created, quant)."""
+    """The VQFSig block as a dict (tool, model, sha256, bytes, dtype, n_files, created, quant). Taught in day16_2."""
     def s(name):
         return unpack_str(h[name], name, HEADER_FIELD[name].offset, where)
 
@@ -421,6 +428,7 @@ def source_from_header(h: dict, where: str = "") -> dict:
 
 # ---------------------------------------------------------------------------------- entries
 def pack_entry(name: str, qtype: int, rows: int, cols: int, offset: int, nbytes: int) -> bytes:
+    """The 64 bytes of one directory entry (``<32sIII4xQQ``). Taught in day16_3."""
     raw = name.encode("utf-8")
     if not raw or len(raw) >= NAME_BYTES or b"\x00" in raw:
         raise VQFFormatError(f"tensor name {name!r}: needs 1..{NAME_BYTES - 1} bytes and no NUL")

@@ -1,0 +1,125 @@
+"""``kestrel-lab vqf plan | inspect | verify | dump | spec``: the VQF tools on the command line."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+SPEC_PAGE = Path(__file__).resolve().parents[2] / "book" / "formats" / "vqf.md"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``kestrel-lab vqf …`` to the command line. Taught in day16_3."""
+    vqf = sub.add_parser("vqf", help="plan, inspect, verify and dump VQF weight files")
+    act = vqf.add_subparsers(dest="vqf_command", metavar="ACTION", required=True)
+
+    p = act.add_parser("plan", help="a model's VQF layout from its config.json alone (no weights)")
+    p.add_argument("config", help="config.json (or a model folder holding one)")
+    p.add_argument("--quant", default="q4_0", help="f32 | f16 | q8_0 | q4_0 | q4_8x8l (default q4_0)")
+    p.add_argument("--json", action="store_true", help="print {data_offset, file_len, file_size, tensors}")
+    p.add_argument("--write-header", metavar="OUT", help="also write the planned file's first data_offset bytes")
+    p.set_defaults(func=_plan)
+
+    i = act.add_parser("inspect", help="print header and directory, run the article's five assertions")
+    i.add_argument("file")
+    i.add_argument("--fields", action="store_true", help="also print every header field with its offset")
+    i.set_defaults(func=_inspect)
+
+    v = act.add_parser("verify", help="recompute the FNV-1a 64 over directory + data and compare")
+    v.add_argument("file")
+    v.set_defaults(func=_verify)
+
+    d = act.add_parser("dump", help="od -A x -t x1 style dump of a directory entry or a byte range")
+    d.add_argument("file")
+    g = d.add_mutually_exclusive_group(required=True)
+    g.add_argument("--entry", type=int, metavar="I", help="directory entry I (bytes 448+64·I …)")
+    g.add_argument("--offset", type=int, metavar="N", help="first byte (with --length)")
+    d.add_argument("--length", type=int, default=64, metavar="M", help="bytes to dump (default 64)")
+    d.set_defaults(func=_dump)
+
+    s = act.add_parser("spec", help="regenerate the generated tables of book/formats/vqf.md")
+    s.add_argument("--check", action="store_true", help="fail if the page is out of date instead")
+    s.set_defaults(func=_spec)
+
+
+def _plan(args) -> int:
+    from kestrel_lab.vqf.planner import plan_file
+
+    fp = plan_file(args.config, args.quant)
+    if args.json:
+        print(json.dumps(fp.to_json(), indent=1))
+    else:
+        print(fp.table())
+    if args.write_header:
+        out = fp.write_header(args.write_header)
+        print(f"wrote {out} ({fp.data_offset:,} bytes: header, VQFSig, directory)",
+              file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def _inspect(args) -> int:
+    from kestrel_lab.vqf import inspect as I
+
+    p = I.parse(args.file)
+    checks = I.assertions(p)
+    if args.fields:
+        print(I.header_report(p))
+    print(I.report(p, checks))
+    return 0 if all(c.ok for c in checks) else 1
+
+
+def _verify(args) -> int:
+    from kestrel_lab.vqf.checksum import verify_file
+    from kestrel_lab.vqf.reader import open_vqf
+
+    with open_vqf(args.file, verify=False) as vf:
+        h = vf.header
+        print(f"version={h['version']} n_tensors={h['n_tensors']} data_off={h['data_offset']} "
+              f"file_len={h['file_len']} data_bytes={h['file_len'] - h['data_offset']}")
+    computed, stored, seconds = verify_file(args.file)
+    size = (h["file_len"] - h["data_offset"]) + 64 * h["n_tensors"]
+    print(f"computed={computed:016x}\nstored  ={stored:016x}\n"
+          f"match={'YES' if computed == stored else 'NO'} ({seconds:.2f} s, {size / seconds / 1e9:.2f} GB/s)")
+    return 0 if computed == stored else 1
+
+
+def _dump(args) -> int:
+    from kestrel_lab.vqf import format as F
+    from kestrel_lab.vqf.inspect import entry_fields, od_file
+
+    if args.entry is not None:
+        base = F.DIR_OFFSET + F.ENTRY_SIZE * args.entry
+        print(od_file(args.file, base, F.ENTRY_SIZE))
+        with open(args.file, "rb") as fh:
+            fh.seek(base)
+            raw = fh.read(F.ENTRY_SIZE)
+        if len(raw) < F.ENTRY_SIZE:
+            raise ValueError(f"{args.file}: entry {args.entry} at offset {base} is past the end of the file")
+        for off, name, hexes, value in entry_fields(raw, base):
+            print(f"  0x{off:x}  {name:<7} {hexes:<48} {value}")
+    else:
+        print(od_file(args.file, args.offset, args.length))
+    return 0
+
+
+def _spec(args) -> int:
+    from kestrel_lab.vqf.spec import render, splice
+
+    text = SPEC_PAGE.read_text(encoding="utf-8")
+    new = splice(text, render())
+    if args.check:
+        if new != text:
+            print(f"{SPEC_PAGE} is out of date: run `kestrel-lab vqf spec`")
+            return 1
+        print(f"{SPEC_PAGE} is up to date")
+        return 0
+    if new != text:
+        from kestrel_lab.atomic import atomic_write
+
+        with atomic_write(SPEC_PAGE, "w") as fh:
+            fh.write(new)
+        print(f"updated {SPEC_PAGE}")
+    else:
+        print(f"{SPEC_PAGE} already up to date")
+    return 0

@@ -1,0 +1,207 @@
+"""Which tensors a VQF file holds, in which order, and how each is built from an HF checkpoint.
+
+One table per architecture, computed from a ``ModelConfig`` alone (no weights): the VQF name, the
+qtype, rows × cols, and the Hugging Face tensors the entry is made of. The order is the converter's
+dump order and therefore the physical order of the data area (article 16-3: the big embedding first,
+then the small norms, the quantized text trunk, then the vision tower).
+
+**The build rule (one for every entry).** ``TensorSpec.sources`` lists HF tensor names. Each source
+tensor, whatever its shape, is reshaped in C order to ``(-1, cols)``; the pieces are concatenated
+along rows in the listed order; the result has exactly ``rows`` rows. That covers everything the
+Qwen3 family needs, and no entry needs a transpose:
+
+- a vector (a norm weight, a bias) becomes one row;
+- per-layer tensors are stacked: layer 0's rows first (``attn_norm`` = L × hidden, ``q4_q`` =
+  L·q_dim rows × hidden cols: PyTorch ``Linear`` weights are already (out, in), and in = cols is the
+  quantization block dimension, which is what a matvec walks);
+- the Conv3d patch embedding (hidden, C, T, P, P) flattens to (hidden, C·T·P·P) — a matmul weight.
+
+Because rows are independent in every qtype (Q4_8X8L interleaves 8 rows, and every per-layer piece
+has a multiple of 8 rows), a converter can quantize and write the pieces one at a time
+(``VQFWriter.write_tensor_parts``) and never hold a whole stacked tensor.
+
+Names of the text model follow the article's file (``q4_lm`` etc. keep their names whatever the
+``--quant``; the entry's qtype field is authoritative). Qwen3-VL checkpoints name the text model
+``model.language_model.*`` and the vision tower ``model.visual.*``; dense Qwen3 uses ``model.*``.
+Tied embeddings: ``q4_lm`` is then built from ``embed_tokens`` (the quantized copy of the tied
+matrix, as in the article's file).
+
+Taught in day15_2 (the name map), day15_3 (stacking) and day16_3 (the 41-entry map).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kestrel_lab.config import ModelConfig
+from kestrel_lab.quant import F16, F32, Q4_8X8L, Q8_0, qtype as _qtype
+from kestrel_lab.vqf.format import NAME_BYTES, VQFFormatError
+
+QUANTS = ("f32", "f16", "q8_0", "q4_0", "q4_8x8l")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One directory entry of a planned file and the HF tensors it is built from. Taught in day15_2."""
+
+    name: str
+    qtype: int
+    rows: int
+    cols: int
+    sources: tuple[str, ...] = field(default=())
+    role: str = ""  # what the entry is, for people ("layer-stacked Q proj", …)
+
+    @property
+    def nbytes(self) -> int:
+        return _qtype(self.qtype).nbytes(self.rows, self.cols)
+
+    @property
+    def qtype_name(self) -> str:
+        return _qtype(self.qtype).name
+
+
+def _qtypes_for(quant: str, cfg: ModelConfig) -> dict[str, int]:
+    """qtype per role: text matrices take ``quant``; the embedding stays F16 (F32 if quant is f32);
+    vision matrices are Q8_0 (the article's choice) unless the file is float (f32/f16)."""
+    q = quant.lower()
+    if q not in QUANTS:
+        raise ValueError(f"quant {quant!r}: expected one of {', '.join(QUANTS)}")
+    text = _qtype(q).id
+    floaty = q in ("f32", "f16")
+    return {"embed": F32.id if q == "f32" else F16.id, "text": text,
+            "vision": text if floaty else Q8_0.id, "f32": F32.id}
+
+
+def _text_specs(cfg: ModelConfig, qt: dict[str, int], prefix: str, lm_head: str) -> list[TensorSpec]:
+    L, h, hd = cfg.num_hidden_layers, cfg.hidden_size, cfg.head_dim
+    lay = lambda tmpl: tuple(f"{prefix}layers.{i}.{tmpl}" for i in range(L))  # noqa: E731
+    embed = f"{prefix}embed_tokens.weight"
+    specs = [
+        TensorSpec("token_embed", qt["embed"], cfg.vocab_size, h, (embed,), "token embedding"),
+        TensorSpec("final_norm", qt["f32"], 1, h, (f"{prefix}norm.weight",), "final RMSNorm"),
+        TensorSpec("attn_norm", qt["f32"], L, h, lay("input_layernorm.weight"), "RMSNorm before attention, per layer"),
+        TensorSpec("ffn_norm", qt["f32"], L, h, lay("post_attention_layernorm.weight"), "RMSNorm before the FFN"),
+        TensorSpec("q_norm", qt["f32"], L, hd, lay("self_attn.q_norm.weight"), "per-head RMSNorm of q"),
+        TensorSpec("k_norm", qt["f32"], L, hd, lay("self_attn.k_norm.weight"), "per-head RMSNorm of k"),
+        TensorSpec("q4_q", qt["text"], L * cfg.q_dim, h, lay("self_attn.q_proj.weight"), "Q projection"),
+        TensorSpec("q4_k", qt["text"], L * cfg.kv_dim, h, lay("self_attn.k_proj.weight"), "K projection"),
+        TensorSpec("q4_v", qt["text"], L * cfg.kv_dim, h, lay("self_attn.v_proj.weight"), "V projection"),
+        TensorSpec("q4_o", qt["text"], L * h, cfg.q_dim, lay("self_attn.o_proj.weight"), "output projection"),
+    ]
+    if cfg.arch == "qwen3_moe":
+        E, m = cfg.num_experts, cfg.moe_intermediate_size
+        exp = lambda tmpl: tuple(f"{prefix}layers.{i}.mlp.experts.{e}.{tmpl}"  # noqa: E731
+                                 for i in range(L) for e in range(E))
+        specs += [
+            TensorSpec("moe_router", qt["f32"], L * E, h, lay("mlp.gate.weight"), "expert router, per layer"),
+            TensorSpec("q4_gate_exps", qt["text"], L * E * m, h, exp("gate_proj.weight"), "experts' gate"),
+            TensorSpec("q4_up_exps", qt["text"], L * E * m, h, exp("up_proj.weight"), "experts' up"),
+            TensorSpec("q4_down_exps", qt["text"], L * E * h, m, exp("down_proj.weight"), "experts' down"),
+        ]
+    else:
+        I = cfg.intermediate_size  # noqa: E741
+        specs += [
+            TensorSpec("q4_gate", qt["text"], L * I, h, lay("mlp.gate_proj.weight"), "FFN gate"),
+            TensorSpec("q4_up", qt["text"], L * I, h, lay("mlp.up_proj.weight"), "FFN up"),
+            TensorSpec("q4_down", qt["text"], L * h, I, lay("mlp.down_proj.weight"), "FFN down"),
+        ]
+    lm_src = embed if cfg.tie_word_embeddings else lm_head
+    specs.append(TensorSpec("q4_lm", qt["text"], cfg.vocab_size, h, (lm_src,),
+                            "LM head" + (" (quantized copy of the tied embedding)" if cfg.tie_word_embeddings else "")))
+    return specs
+
+
+def _vision_specs(cfg: ModelConfig, qt: dict[str, int]) -> list[TensorSpec]:
+    v = cfg.vision
+    D, vh, vi, md, out = v.depth, v.hidden_size, v.intermediate_size, v.merged_dim, v.out_hidden_size
+    p = "model.visual."
+    blk = lambda tmpl: tuple(f"{p}blocks.{i}.{tmpl}" for i in range(D))  # noqa: E731
+    ds = [f"{p}deepstack_merger_list.{k}." for k in range(len(v.deepstack_visual_indexes))]
+    nds = len(ds)
+    dsl = lambda tmpl: tuple(d + tmpl for d in ds)  # noqa: E731
+    f32, vq = qt["f32"], qt["vision"]
+    specs = [
+        TensorSpec("v_q8_qkv", vq, D * 3 * vh, vh, blk("attn.qkv.weight"), "vision fused QKV"),
+        TensorSpec("v_q8_proj", vq, D * vh, vh, blk("attn.proj.weight"), "vision attention output"),
+        TensorSpec("v_q8_fc1", vq, D * vi, vh, blk("mlp.linear_fc1.weight"), "vision MLP up"),
+        TensorSpec("v_q8_fc2", vq, D * vh, vi, blk("mlp.linear_fc2.weight"), "vision MLP down"),
+        TensorSpec("v_patch", f32, vh, v.patch_dim, (f"{p}patch_embed.proj.weight",),
+                   "patch embedding: Conv3d (C,T,P,P) flattened to a matmul"),
+        TensorSpec("v_patch_b", f32, 1, vh, (f"{p}patch_embed.proj.bias",), "patch embedding bias"),
+        TensorSpec("v_pos", f32, v.num_position_embeddings, vh, (f"{p}pos_embed.weight",),
+                   "learned position embedding (interpolated at run time)"),
+        TensorSpec("v_qkv_b", f32, D, 3 * vh, blk("attn.qkv.bias"), "QKV bias, per block"),
+        TensorSpec("v_proj_b", f32, D, vh, blk("attn.proj.bias"), "attention output bias"),
+        TensorSpec("v_fc1_b", f32, D, vi, blk("mlp.linear_fc1.bias"), "MLP up bias"),
+        TensorSpec("v_fc2_b", f32, D, vh, blk("mlp.linear_fc2.bias"), "MLP down bias"),
+        TensorSpec("v_norm1", f32, D, vh, blk("norm1.weight"), "LayerNorm before attention: weight"),
+        TensorSpec("v_norm1_b", f32, D, vh, blk("norm1.bias"), "LayerNorm before attention: bias"),
+        TensorSpec("v_norm2", f32, D, vh, blk("norm2.weight"), "LayerNorm before the MLP: weight"),
+        TensorSpec("v_norm2_b", f32, D, vh, blk("norm2.bias"), "LayerNorm before the MLP: bias"),
+        TensorSpec("v_merger_norm", f32, 1, vh, (f"{p}merger.norm.weight",), "merger LayerNorm weight (per patch)"),
+        TensorSpec("v_merger_norm_b", f32, 1, vh, (f"{p}merger.norm.bias",), "merger LayerNorm bias"),
+        TensorSpec("v_merger_fc1", f32, md, md, (f"{p}merger.linear_fc1.weight",), "merger fc1 (2×2 patches)"),
+        TensorSpec("v_merger_fc1_b", f32, 1, md, (f"{p}merger.linear_fc1.bias",), "merger fc1 bias"),
+        TensorSpec("v_merger_fc2", f32, out, md, (f"{p}merger.linear_fc2.weight",), "merger fc2 → text width"),
+        TensorSpec("v_merger_fc2_b", f32, 1, out, (f"{p}merger.linear_fc2.bias",), "merger fc2 bias"),
+    ]
+    if nds:
+        specs += [
+            TensorSpec("v_ds_norm", f32, nds, md, dsl("norm.weight"), "DeepStack mergers' LayerNorm weight (post-shuffle)"),
+            TensorSpec("v_ds_norm_b", f32, nds, md, dsl("norm.bias"), "DeepStack LayerNorm bias"),
+            TensorSpec("v_ds_fc1", f32, nds * md, md, dsl("linear_fc1.weight"), "DeepStack fc1, mergers stacked"),
+            TensorSpec("v_ds_fc1_b", f32, nds, md, dsl("linear_fc1.bias"), "DeepStack fc1 bias"),
+            TensorSpec("v_ds_fc2", f32, nds * out, md, dsl("linear_fc2.weight"), "DeepStack fc2"),
+            TensorSpec("v_ds_fc2_b", f32, nds, out, dsl("linear_fc2.bias"), "DeepStack fc2 bias"),
+        ]
+    return specs
+
+
+def plan(config: ModelConfig, quant: str = "q4_0") -> list[TensorSpec]:
+    """The tensors of ``config``'s VQF file in dump order (names, qtypes, shapes, HF sources).
+
+    Qwen3-VL: 14 text + 4 vision Q8_0 + 11 vision F32 + 6 merger + 6 DeepStack entries (41 for the
+    2B model). Dense Qwen3: the 14 text entries. Qwen3-MoE: the router and the three expert
+    matrices (experts stacked after layers) replace gate/up/down. Taught in day16_3.
+    """
+    qt = _qtypes_for(quant, config)
+    if config.arch == "qwen3_vl":
+        specs = _text_specs(config, qt, "model.language_model.", "lm_head.weight") + _vision_specs(config, qt)
+    else:
+        specs = _text_specs(config, qt, "model.", "lm_head.weight")
+    for s in specs:
+        if len(s.name.encode()) >= NAME_BYTES:
+            raise VQFFormatError(f"tensor name {s.name!r} does not fit name[{NAME_BYTES}]")
+        if s.rows >= 1 << 32 or s.cols >= 1 << 32:
+            raise VQFFormatError(f"{s.name}: {s.rows}×{s.cols} does not fit the directory's u32 rows/cols")
+        s.nbytes  # raises if cols is not a multiple of the block or rows of the interleave
+    return specs
+
+
+def has_repacked(specs: list[TensorSpec]) -> bool:
+    """True if some entry is stored as Q4_8X8L (the header's REPACKED_8X8 flag). Taught in day16_1."""
+    return any(s.qtype == Q4_8X8L.id for s in specs)
+
+
+def source_rows(spec: TensorSpec, shapes: dict[str, tuple[int, ...]]) -> list[int]:
+    """Rows each source contributes under the build rule; checks they add up to ``spec.rows``.
+
+    ``shapes`` maps HF names to shapes (from a safetensors header). Raises naming the tensor whose
+    element count does not divide into rows of ``cols``. Taught in day15_3.
+    """
+    out = []
+    for name in spec.sources:
+        if name not in shapes:
+            raise KeyError(f"{spec.name}: source tensor {name!r} is not in the checkpoint")
+        n = 1
+        for d in shapes[name]:
+            n *= int(d)
+        if n % spec.cols:
+            raise ValueError(f"{spec.name}: source {name} of shape {tuple(shapes[name])} does not split into "
+                             f"rows of {spec.cols}")
+        out.append(n // spec.cols)
+    if sum(out) != spec.rows:
+        raise ValueError(f"{spec.name}: sources give {sum(out)} rows, the plan says {spec.rows}")
+    return out
+
+
+__all__ = ["TensorSpec", "plan", "source_rows", "has_repacked", "QUANTS"]

@@ -1,0 +1,318 @@
+"""Open a VQF file: mmap it, check it, and hand out zero-copy numpy views by tensor name.
+
+Loading costs a few kilobytes of reading whatever the model's size: the header, the directory, and
+``stat``. The kernel pages the weights in when the engine first touches them. The loader checks
+everything it can check cheaply — magic, version, flags, the size (``file_len + 8`` must be the
+file's size: a truncated copy is caught at once), and each entry: a NUL-terminated name, a known
+qtype, ``bytes`` equal to the qtype's formula, 64-byte alignment, ``offset + bytes <= file_len``, no
+overlap — and rejects with the file, the field and its byte offset. The full checksum reads the whole
+file, so it runs only when asked: ``verify=True`` or ``KESTREL_VQF_CHECK=1``.
+
+Names the layout does not define are ignored (listed in ``unknown``): a newer converter may add
+tensors and an older engine still loads the ones it knows (article 16-3's forward compatibility).
+
+Taught in day16_3 (checks) and day17_3 (mmap, zero copy, cold start).
+"""
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from kestrel_lab import quant as Q
+from kestrel_lab.config import ModelConfig
+from kestrel_lab.vqf import format as F
+from kestrel_lab.vqf.checksum import hash_ranges
+from kestrel_lab.vqf.format import VQFFormatError
+
+ENV_CHECK = "KESTREL_VQF_CHECK"
+
+
+@dataclass
+class VQFTensor:
+    """One directory entry and its bytes in the mapped file. Taught in day17_3."""
+
+    index: int
+    name: str
+    qtype: int
+    rows: int
+    cols: int
+    offset: int
+    nbytes: int
+    data: np.ndarray = field(repr=False)  # read-only uint8 view of the mmap (no copy)
+
+    @property
+    def qtype_name(self) -> str:
+        return Q.qtype(self.qtype).name
+
+    def array(self) -> np.ndarray:
+        """Typed zero-copy view: F32/F16 → (rows, cols) floats; Q8_0/Q4_0 → uint8 (rows, bytes per row);
+        Q4_8X8L → uint8 (rows/8, cols/32, 144), one 144-byte record per 8-row group and block column.
+        Taught in day17_3."""
+        q = Q.qtype(self.qtype)
+        if q is Q.F32:
+            return self.data.view("<f4").reshape(self.rows, self.cols)
+        if q is Q.F16:
+            return self.data.view("<f2").reshape(self.rows, self.cols)
+        if q is Q.Q4_8X8L:
+            return self.data.reshape(self.rows // 8, self.cols // Q.QK, 8 * q.block_bytes)
+        return self.data.reshape(self.rows, self.nbytes // self.rows)
+
+    def dequantize(self) -> np.ndarray:
+        """float32 (rows, cols), whatever the storage (a copy). Taught in day17_2."""
+        return Q.dequantize(self.data, self.qtype, self.rows, self.cols)
+
+
+class VQFFile:
+    """An opened VQF file. Use ``open_vqf``; close it (or use ``with``) to unmap. Taught in day17_3."""
+
+    def __init__(self, path: Path, mm: mmap.mmap, header: dict, config: ModelConfig, source: dict,
+                 tensors: dict[str, VQFTensor], unknown: list[str], missing: list[str], entries: list[VQFTensor],
+                 checksum: int, verified: bool):
+        self.path = path
+        self._mm = mm
+        self.header = header
+        self.config = config
+        self.source = source
+        self.tensors = tensors
+        self.unknown = unknown
+        self.missing = missing
+        self.entries = entries
+        self.checksum = checksum  # the stored trailer
+        self.verified = verified
+
+    @property
+    def flags(self) -> int:
+        return self.header["flags"]
+
+    @property
+    def data_offset(self) -> int:
+        return self.header["data_offset"]
+
+    @property
+    def file_len(self) -> int:
+        return self.header["file_len"]
+
+    @property
+    def raw(self) -> np.ndarray:
+        """The whole file as a read-only uint8 view of the mapping (every tensor's ``data`` is a slice
+        of it). Taught in day16_1."""
+        if self._mm is None:
+            raise ValueError(f"{self.path}: closed")
+        return np.frombuffer(self._mm, dtype=np.uint8)
+
+    def __getitem__(self, name: str) -> VQFTensor:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise KeyError(f"{self.path}: no tensor {name!r} (has {len(self.tensors)}: "
+                           f"{', '.join(list(self.tensors)[:6])} …)") from None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors
+
+    def close(self) -> None:
+        """Drop the views and unmap. If arrays obtained from this file are still alive, the mapping
+        stays until they are garbage-collected (numpy holds it); nothing is invalidated under them."""
+        self.tensors = {}
+        self.entries = []
+        mm, self._mm = self._mm, None
+        if mm is not None:
+            with contextlib.suppress(BufferError):
+                mm.close()
+
+    def __enter__(self) -> "VQFFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"VQFFile({str(self.path)!r}, {self.config.arch}, {len(self.entries)} tensors, "
+                f"file_len={self.file_len:,}, flags={F.describe_flags(self.flags)})")
+
+
+def _env_verify() -> bool:
+    return os.environ.get(ENV_CHECK, "").strip() not in ("", "0", "false", "no")
+
+
+def open_vqf(path: str | os.PathLike, verify: bool | None = None) -> VQFFile:
+    """Map ``path``, check header and directory, return the tensors by name.
+
+    ``verify``: also recompute the FNV-1a 64 over directory + data (reads the whole file); None →
+    the ``KESTREL_VQF_CHECK`` environment variable decides. Raises ``VQFFormatError`` naming the
+    file, the field and its byte offset. Taught in day16_3 and day17_3.
+    """
+    path = Path(path)
+    if verify is None:
+        verify = _env_verify()
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size < F.DIR_OFFSET:
+            raise VQFFormatError(f"{path}: file is {size} bytes, shorter than the {F.DIR_OFFSET}-byte header "
+                                 f"(offset {size}: truncated or not a VQF file)")
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        return _parse(path, mm, size, verify)
+    except BaseException:
+        # Views made before the failure live on in the traceback's frames; numpy then holds the
+        # mapping and frees it with them.
+        with contextlib.suppress(BufferError):
+            mm.close()
+        raise
+
+
+def _parse(path: Path, mm: mmap.mmap, size: int, verify: bool) -> VQFFile:
+    where = str(path)
+
+    def bad(field_name: str, offset: int, why: str):
+        raise VQFFormatError(f"{where}: field {field_name} at offset {offset}: {why}")
+
+    def hbad(name: str, why: str):
+        bad(name, F.HEADER_FIELD[name].offset, why)
+
+    buf = memoryview(mm)
+    try:
+        h = F.unpack_header_raw(buf[:F.HEADER_END])
+    finally:
+        buf.release()
+    # ---- identity
+    if h["magic"] != F.MAGIC:
+        hbad("magic", f"{h['magic']!r} is not {F.MAGIC!r}: not a VQF file")
+    if h["version"] != F.VERSION:
+        hbad("version", f"{h['version']} is not supported (this reader reads version {F.VERSION})")
+    flags = h["flags"]
+    if flags & ~F.KNOWN_FLAGS:
+        hbad("flags", f"0x{flags:x} sets unknown bits 0x{flags & ~F.KNOWN_FLAGS:x} (known: "
+                      f"{', '.join(f'{f.name}=0x{f.mask:x}' for f in F.FLAGS)})")
+    if flags & F.FLAG["ENCRYPTED"]:
+        hbad("flags", "ENCRYPTED (0x2) is set: SM4-encrypted files are not supported by this reader")
+    if not flags & F.FLAG["FNV_TRAILER"]:
+        hbad("flags", "FNV_TRAILER (0x1) is not set: a version-2 plain file always ends with its FNV-1a 64")
+    n = h["n_tensors"]
+    dir_end = F.DIR_OFFSET + F.ENTRY_SIZE * n
+    if n > F.MAX_TENSORS:
+        hbad("n_tensors", f"{n:,} exceeds the format's limit of {F.MAX_TENSORS:,}")
+    if dir_end > size:
+        hbad("n_tensors", f"{n:,} entries end at byte {dir_end:,}, past the file's {size:,} bytes")
+    for name, want in (("dir_offset", F.DIR_OFFSET), ("entry_size", F.ENTRY_SIZE), ("reserved0", 0)):
+        if h[name] != want:
+            hbad(name, f"{h[name]} must be {want} in version {F.VERSION}")
+    d0, fl = h["data_offset"], h["file_len"]
+    if d0 % F.PAGE:
+        hbad("data_offset", f"{d0:,} is not a multiple of {F.PAGE}")
+    if d0 < dir_end:
+        hbad("data_offset", f"{d0:,} is inside the directory (which ends at {dir_end:,})")
+    if d0 > size:
+        hbad("data_offset", f"{d0:,} is past the end of the file ({size:,} bytes)")
+    if fl < d0:
+        hbad("file_len", f"{fl:,} is before data_offset {d0:,}")
+    if fl + F.TRAILER_BYTES != size:
+        hbad("file_len", f"file_len + {F.TRAILER_BYTES} = {fl + F.TRAILER_BYTES:,} but the file has {size:,} bytes "
+                         f"({'truncated' if size < fl + F.TRAILER_BYTES else 'trailing bytes'})")
+    # ---- VQFSig
+    if h["sig_magic"] != F.SIG_MAGIC:
+        hbad("sig_magic", f"{h['sig_magic']!r} is not {F.SIG_MAGIC!r}")
+    if h["sig_version"] != F.SIG_VERSION:
+        hbad("sig_version", f"{h['sig_version']} is not supported (expected {F.SIG_VERSION})")
+    if any(h["reserved1"]):
+        hbad("reserved1", "reserved bytes are not zero")
+    source = F.source_from_header(h, where)
+    config = F.config_from_header(h, where)
+    if bool(flags & F.FLAG["VISION"]) != (config.vision is not None):
+        hbad("flags", f"VISION (0x4) is {'set' if flags & 4 else 'clear'} but vision_depth is "
+                      f"{h['vision_depth']}")
+    # ---- padding that is not hashed must be zero (so a file has one valid byte image)
+    for lo, hi, what in ((F.HEADER_END, F.DIR_OFFSET, "padding after VQFSig"),
+                         (dir_end, d0, "padding between directory and data")):
+        seg = mm[lo:hi]
+        if seg.strip(b"\x00"):
+            bad(what, lo + len(seg) - len(seg.lstrip(b"\x00")), "not zero")
+    # ---- directory
+    entries = _parse_directory(where, mm, n, d0, fl, bad)
+    repacked = any(e.qtype == Q.Q4_8X8L.id for e in entries)
+    if bool(flags & F.FLAG["REPACKED_8X8"]) != repacked:
+        hbad("flags", f"REPACKED_8X8 (0x8) is {'set' if flags & 8 else 'clear'} but "
+                      f"{'a' if repacked else 'no'} tensor is Q4_8X8L")
+    # ---- attach by name: known names must have the shapes the configuration implies
+    from kestrel_lab.vqf.layout import plan
+
+    try:
+        expected = {s.name: s for s in plan(config)}
+    except ValueError as e:
+        raise VQFFormatError(f"{where}: the header's model configuration (bytes 16..184) gives no valid "
+                             f"layout: {e}") from None
+    tensors, unknown = {}, []
+    for e in entries:
+        s = expected.get(e.name)
+        if s is None:
+            unknown.append(e.name)
+            continue
+        if (e.rows, e.cols) != (s.rows, s.cols):
+            bad(f"entry[{e.index}] ({e.name}).rows/cols", F.DIR_OFFSET + F.ENTRY_SIZE * e.index + 36,
+                f"{e.rows}×{e.cols}, but the header's configuration implies {s.rows}×{s.cols}")
+        tensors[e.name] = e
+    missing = [name for name in expected if name not in tensors]
+    stored = struct.unpack_from("<Q", mm, fl)[0]
+    if verify:
+        arr = np.frombuffer(mm, dtype=np.uint8)
+        computed = hash_ranges(arr, n, d0, fl)
+        del arr
+        if computed != stored:
+            bad("trailer (FNV-1a 64)", fl, f"stored {stored:016x}, computed {computed:016x}: "
+                                           f"the directory or the data area is corrupt")
+    return VQFFile(path, mm, h, config, source, tensors, unknown, missing, entries, stored, bool(verify))
+
+
+def _parse_directory(where: str, mm: mmap.mmap, n: int, d0: int, fl: int, bad) -> list[VQFTensor]:
+    whole = np.frombuffer(mm, dtype=np.uint8)
+    entries, seen = [], {}
+    for i in range(n):
+        base = F.DIR_OFFSET + F.ENTRY_SIZE * i
+        raw_name, qt, rows, cols, offset, nbytes = struct.unpack_from(F.ENTRY_FORMAT, mm, base)
+        label = f"entry[{i}]"
+        name = F.unpack_str(raw_name, f"{label}.name", base, where)
+        if not name:
+            bad(f"{label}.name", base, "empty name")
+        label = f"entry[{i}] ({name})"
+        if name in seen:
+            bad(f"{label}.name", base, f"duplicate of entry[{seen[name]}]: a name may appear once")
+        seen[name] = i
+        if any(mm[base + 44:base + 48]):
+            bad(f"{label}.pad", base + 44, "padding bytes are not zero")
+        if qt not in Q.QTYPES:
+            bad(f"{label}.qtype", base + 32, f"unknown qtype {qt} (known: "
+                                            f"{', '.join(f'{k}={v.name}' for k, v in Q.QTYPES.items())})")
+        if rows == 0 or cols == 0:
+            bad(f"{label}.rows/cols", base + 36, f"{rows}×{cols}: empty tensor")
+        try:
+            want = Q.tensor_bytes(qt, rows, cols)
+        except ValueError as e:
+            bad(f"{label}.rows/cols", base + 36, str(e))
+        if nbytes != want:
+            bad(f"{label}.bytes", base + 56, f"{nbytes:,} but {Q.QTYPES[qt].name} {rows}×{cols} takes {want:,}")
+        if offset % F.TENSOR_ALIGN:
+            bad(f"{label}.offset", base + 48, f"{offset:,} is not {F.TENSOR_ALIGN}-byte aligned")
+        if offset < d0:
+            bad(f"{label}.offset", base + 48, f"{offset:,} is before data_offset {d0:,}")
+        if offset + nbytes > fl:
+            bad(f"{label}.offset", base + 48, f"offset + bytes = {offset + nbytes:,} is past file_len {fl:,}")
+        entries.append(VQFTensor(i, name, qt, rows, cols, offset, nbytes, whole[offset:offset + nbytes]))
+    prev = None
+    for e in sorted(entries, key=lambda e: e.offset):
+        if prev is not None and e.offset < prev.offset + prev.nbytes:
+            bad(f"entry[{e.index}] ({e.name}).offset", F.DIR_OFFSET + F.ENTRY_SIZE * e.index + 48,
+                f"{e.offset:,} overlaps entry[{prev.index}] ({prev.name}), which ends at {prev.offset + prev.nbytes:,}")
+        prev = e
+    return entries
+
+
+def read_header(path: str | os.PathLike) -> dict:
+    """Just the checked header fields of a file (no directory views kept). Taught in day16_2."""
+    with open_vqf(path, verify=False) as vf:
+        return dict(vf.header)

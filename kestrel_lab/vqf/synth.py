@@ -1,0 +1,84 @@
+"""Deterministic VQF files with random weights: real layouts and sizes, no checkpoint needed.
+
+The lessons and tests need real files — to hash, to inspect, to corrupt — of a chosen size. These are
+written with the same writer and quantizers as a conversion, from seeded random weights generated a
+slice of rows at a time (so a file of any size is written in bounded memory). They are not models
+anyone would run: ``kestrel-lab tiny-model`` makes loadable HF checkpoints for that.
+
+Taught in day16_3.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from kestrel_lab import quant as Q
+from kestrel_lab.config import ModelConfig
+from kestrel_lab.paths import cache_dir
+from kestrel_lab.vqf.layout import TensorSpec, plan
+from kestrel_lab.vqf.writer import VQFWriter
+
+ROWS_PER_PART = 4096  # rows generated and quantized at once (a multiple of 8 for Q4_8X8L)
+
+
+def small_vl_config(**text) -> ModelConfig:
+    """A small Qwen3-VL (2 text layers, 3 vision blocks, 2 DeepStack mergers): every entry kind. Taught in day16_3."""
+    cfg = {
+        "model_type": "qwen3_vl", "tie_word_embeddings": True,
+        "text_config": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 320,
+                        "rms_norm_eps": 1e-6, "rope_theta": 5e6, "max_position_embeddings": 4096,
+                        "bos_token_id": 151643, "eos_token_id": 151645,
+                        "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3],
+                                         "mrope_interleaved": True}} | text,
+        "vision_config": {"depth": 3, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "in_channels": 3,
+                          "patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2,
+                          "out_hidden_size": 64, "num_position_embeddings": 16,
+                          "deepstack_visual_indexes": [0, 1], "hidden_act": "gelu_pytorch_tanh"},
+    }
+    return ModelConfig.from_hf(cfg)
+
+
+def random_rows(spec: TensorSpec, seed: int, lo: int, hi: int) -> np.ndarray:
+    """Rows [lo, hi) of the random float32 weights of ``spec`` (same numbers however they are sliced).
+    Taught in day16_3."""
+    rng = np.random.default_rng([seed, sum(spec.name.encode()), lo])
+    if "norm" in spec.name and not spec.name.endswith("_b"):
+        return (1.0 + 0.1 * rng.standard_normal((hi - lo, spec.cols))).astype(np.float32)
+    return (0.05 * rng.standard_normal((hi - lo, spec.cols))).astype(np.float32)
+
+
+def parts(spec: TensorSpec, seed: int, rows_per_part: int = ROWS_PER_PART):
+    """The spec's quantized bytes, ``rows_per_part`` rows at a time. Taught in day16_3."""
+    for lo in range(0, spec.rows, rows_per_part):
+        hi = min(spec.rows, lo + rows_per_part)
+        yield Q.quantize(random_rows(spec, seed, lo, hi), spec.qtype)
+
+
+def write_random(path: str | Path, config: ModelConfig, quant: str = "q4_0", seed: int = 0,
+                 specs: list[TensorSpec] | None = None, progress: Callable | bool | None = None) -> Path:
+    """Write ``config``'s planned file with seeded random weights. Taught in day16_3."""
+    specs = plan(config, quant) if specs is None else specs
+    source = {"model": f"random seed={seed}", "dtype": "f32"}
+    with VQFWriter(path, config, specs, source=source, progress=progress, quant=quant, created=0) as w:
+        for s in specs:
+            w.write_tensor_parts(s.name, parts(s, seed))
+    return Path(path)
+
+
+def cached_random(config: ModelConfig, name: str, quant: str = "q4_0", seed: int = 0) -> Path:
+    """``write_random`` into the cache folder once; reuse the file if it is already there and valid.
+    Taught in day16_3."""
+    from kestrel_lab.vqf.reader import open_vqf
+
+    path = cache_dir() / "vqf" / f"{name}-{quant}-seed{seed}.vqf"
+    if path.exists():
+        try:
+            with open_vqf(path, verify=False) as vf:
+                if vf.config == config and not vf.missing:
+                    return path
+        except ValueError:
+            pass
+    return write_random(path, config, quant, seed)
