@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -31,9 +30,11 @@ from kestrel_lab.measure import timeit
 GB = 1e9
 MiB = 1 << 20
 
-# Work units per thread for the parallel kernels: a few per thread so a slow thread does not
-# leave the others idle at the end, few enough that each unit is a long contiguous run.
-_CHUNKS_PER_THREAD = 4
+# Work units per thread for the parallel kernels, handed out dynamically
+# (``numba.set_parallel_chunksize``): on a shared machine a thread that loses its core for a while
+# then holds up one small unit, not a static half of the array. Each unit stays a long contiguous run.
+_CHUNKS_PER_THREAD = 16
+_MIN_CHUNK_BYTES = 1 << 20
 
 
 # --------------------------------------------------------------------------------------- kernels
@@ -107,6 +108,20 @@ def numba_threads(threads: int | None):
         numba.set_num_threads(previous)
 
 
+@contextmanager
+def _dynamic_schedule(chunksize: int):
+    """Let idle numba threads take the next ``chunksize`` iterations of a prange; restore after."""
+    previous = numba.set_parallel_chunksize(max(1, int(chunksize)))
+    try:
+        yield
+    finally:
+        numba.set_parallel_chunksize(previous)
+
+
+def _n_chunks(nbytes: int, threads: int) -> int:
+    return max(1, min(threads * _CHUNKS_PER_THREAD, nbytes // _MIN_CHUNK_BYTES))
+
+
 def resolve_threads(threads: int | None) -> int:
     """``None`` -> numba's default thread count (``NUMBA_NUM_THREADS``); otherwise check the range.
 
@@ -175,7 +190,8 @@ def memory_bandwidth(threads: int | None = None, size_mb: int = 256, repeat: int
     ``size_mb`` MiB of float32 are summed (read) and copied into a second array of the same size
     (copy = bytes read + bytes written). ``threads=None`` uses numba's default thread count; the
     caller's thread count is restored afterwards. Returns ``read_gbs``, ``copy_gbs`` (medians of
-    ``repeat`` runs), their spreads ((max - min) / median) and samples, ``threads``, ``bytes`` (one
+    ``repeat`` runs), ``read_gbs_best``/``copy_gbs_best`` (fastest run), their spreads
+    ((max - min) / median) and samples, ``threads``, ``bytes`` (one
     array), ``repeat`` and ``llc_bytes`` (the last-level cache, to judge whether the array was big
     enough). Taught in day02_3.
     """
@@ -183,8 +199,8 @@ def memory_bandwidth(threads: int | None = None, size_mb: int = 256, repeat: int
     _check_positive("repeat", repeat)
     nbytes = int(size_mb) * MiB
     n = nbytes // 4
-    with numba_threads(threads) as nt:
-        chunks = nt * _CHUNKS_PER_THREAD
+    with numba_threads(threads) as nt, _dynamic_schedule(1):
+        chunks = _n_chunks(nbytes, nt)
         src = np.empty(n, dtype=np.float32)
         dst = np.empty(n, dtype=np.float32)
         _check_kernels(chunks)
@@ -198,6 +214,8 @@ def memory_bandwidth(threads: int | None = None, size_mb: int = 256, repeat: int
     return {
         "read_gbs": nbytes / read.median / GB,
         "copy_gbs": 2 * nbytes / copy.median / GB,
+        "read_gbs_best": nbytes / read.best / GB,
+        "copy_gbs_best": 2 * nbytes / copy.best / GB,
         "read_spread": read.spread,
         "copy_spread": copy.spread,
         "read_seconds": read.samples,
@@ -228,7 +246,7 @@ def matvec_gflops(rows: int = 4096, cols: int = 4096, threads: int | None = None
     y = np.empty(rows, dtype=np.float32)
     flops = 2 * rows * cols
     nbytes = w.nbytes + x.nbytes + y.nbytes
-    with numba_threads(threads) as nt:
+    with numba_threads(threads) as nt, _dynamic_schedule(rows // (nt * _CHUNKS_PER_THREAD)):
         t_np = timeit(lambda: np.matmul(w, x, out=y), repeat=repeat, warmup=1)
         y_np = y.copy()
         t_nb = timeit(lambda: _matvec_f32(w, x, y), repeat=repeat, warmup=1)
@@ -350,9 +368,3 @@ def weights_read_per_token(config: dict, block_bytes: int = 18, block_values: in
         "total": layer_matrix_bytes + lm_head_bytes + norms,
     }
 
-
-def threads_available() -> int:
-    """How many CPUs this process may run on (affinity-aware). Taught in day02_3."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1

@@ -164,3 +164,17 @@ def test_weights_read_per_token_q8_0_and_errors():
 def test_last_level_cache_is_plausible():
     llc = roofline.last_level_cache_bytes()
     assert llc is None or 2**15 <= llc <= 2**31
+
+
+def test_schedule_is_restored_and_best_is_not_slower_than_median():
+    before = numba.get_parallel_chunksize()
+    res = roofline.memory_bandwidth(threads=1, size_mb=2, repeat=3)
+    roofline.matvec_gflops(rows=64, cols=64, threads=1, repeat=1)
+    assert numba.get_parallel_chunksize() == before
+    assert res["read_gbs_best"] >= res["read_gbs"] and res["copy_gbs_best"] >= res["copy_gbs"]
+
+
+def test_chunk_count():
+    assert roofline._n_chunks(256 * 2**20, 2) == 2 * roofline._CHUNKS_PER_THREAD
+    assert roofline._n_chunks(3 * 2**20, 8) == 3  # never below 1 MiB per unit
+    assert roofline._n_chunks(100, 4) == 1
