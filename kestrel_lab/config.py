@@ -153,7 +153,9 @@ class ModelConfig:
             eos_token_id=_first(text.get("eos_token_id", cfg.get("eos_token_id"))),
             mrope_section=list(rope["mrope_section"]) if "mrope_section" in rope else None,
             mrope_interleaved=bool(rope.get("mrope_interleaved", False)),
-            num_experts=cfg.get("num_experts", 0) if model_type == "qwen3_moe" else 0,
+            # transformers 5 names it num_local_experts; the public Qwen3-MoE config.json num_experts
+            num_experts=(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+            if model_type == "qwen3_moe" else 0,
             num_experts_per_tok=cfg.get("num_experts_per_tok", 0) if model_type == "qwen3_moe" else 0,
             moe_intermediate_size=cfg.get("moe_intermediate_size", 0) if model_type == "qwen3_moe" else 0,
             norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),

@@ -224,20 +224,21 @@ class SafetensorsFile:
             a = a[rows]
         return to_f32(a, t.dtype, where=f"{self.path}: tensor {name!r}")
 
-    def release(self, name: str) -> None:
-        """Drop the tensor's pages from this process's resident set (they stay in the page cache).
-
-        The converter calls this after each tensor so that its resident memory stays near one tensor,
-        not the whole checkpoint. Taught in day17_1.
+    def release(self, name: str, start: int = 0, stop: int | None = None) -> None:
+        """Drop bytes ``[start, stop)`` of a tensor (default: all of it) from this process's resident
+        set. The pages stay in the kernel's page cache and fault back in if touched again, so views
+        stay valid. The converter calls this behind its read position, so that its resident memory
+        stays near one chunk, not the whole checkpoint. Taught in day17_1.
         """
         if self._mm is None or not hasattr(self._mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
             return
         t = self.info(name)
+        stop = t.nbytes if stop is None else min(stop, t.nbytes)
         page = mmap.PAGESIZE
-        start = (t.file_offset // page) * page
-        length = t.file_offset + t.nbytes - start
-        if length > 0:
-            self._mm.madvise(mmap.MADV_DONTNEED, start, length)
+        lo = ((t.file_offset + max(0, start)) // page) * page
+        hi = min(-(-(t.file_offset + stop) // page) * page, self.file_size)
+        if hi > lo:
+            self._mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
     def close(self) -> None:
         self._buf = np.empty(0, np.uint8)
@@ -373,9 +374,9 @@ class Checkpoint:
         self.info(name)
         return self.file_of[name].f32(name, rows)
 
-    def release(self, name: str) -> None:
+    def release(self, name: str, start: int = 0, stop: int | None = None) -> None:
         if name in self.file_of:
-            self.file_of[name].release(name)
+            self.file_of[name].release(name, start, stop)
 
     def nbytes(self) -> int:
         """Total bytes of the safetensors files (headers included)."""
@@ -407,13 +408,13 @@ def _as_entry(name: str, value) -> tuple[str, np.ndarray]:
         dtype, arr = value
         if dtype not in DTYPES:
             raise SafetensorsError(f"tensor {name!r}: unknown dtype {dtype!r}")
-        arr = np.ascontiguousarray(arr, dtype=DTYPES[dtype][0])
+        arr = np.asarray(arr, dtype=DTYPES[dtype][0], order="C")
         return dtype, arr
     arr = np.asarray(value)
     native = arr.dtype.newbyteorder("=")
     for dtype, (storage, _) in DTYPES.items():
         if dtype not in ("BF16", "F8_E4M3", "F8_E5M2") and np.dtype(storage) == native:
-            return dtype, np.ascontiguousarray(arr, dtype=storage)
+            return dtype, np.asarray(arr, dtype=storage, order="C")
     raise SafetensorsError(f"tensor {name!r}: numpy dtype {arr.dtype} has no safetensors equivalent")
 
 
@@ -447,5 +448,6 @@ def save_safetensors(path: str | os.PathLike, tensors: Mapping[str, object],
 
 
 def bf16(x: np.ndarray) -> tuple[str, np.ndarray]:
-    """float32 → ("BF16", bits) for ``save_safetensors`` (round to nearest even, as PyTorch)."""
+    """float32 → ("BF16", bits) for ``save_safetensors`` (round to nearest even, as PyTorch).
+    Taught in day15_3."""
     return "BF16", f32_to_bf16(np.asarray(x, dtype=np.float32))

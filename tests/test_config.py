@@ -37,3 +37,9 @@ def test_errors_name_file_and_field(tmp_path):
     p.write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(ValueError, match="model_type"):
         ModelConfig.from_hf(p)
+
+
+def test_moe_expert_count_in_both_spellings():
+    cfg = json.loads((configs_dir() / "qwen3-30b-a3b.config.json").read_text())
+    cfg["num_local_experts"] = cfg.pop("num_experts")  # transformers 5's spelling
+    assert ModelConfig.from_hf(cfg).num_experts == 128
