@@ -1,0 +1,190 @@
+"""``kestrel-lab generate`` and ``kestrel-lab chat``: the engine from the command line.
+
+``generate`` completes one prompt (raw text by default, or wrapped in the chat template with
+``--chat``) and streams the continuation to stdout; the statistics line goes to stderr.
+``chat`` is an interactive multi-turn chat like llmc's ``./infer``: type after ``你> ``, the answer
+streams after ``助手> ``, an empty line or Ctrl-D quits, ``/reset`` forgets the conversation; after
+each turn a line with prefill and decode tok/s goes to stderr. It reads stdin line by line, so it also
+works with a pipe (``printf '你好\\n' | kestrel-lab chat model.vqf``).
+
+Taught in day13_1 (generate) and day14_2 (chat).
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+
+
+def unescape_prompt(text: str) -> str:
+    r"""Turn the two-character escapes ``\n``, ``\t``, ``\r`` and ``\\`` into the characters they name.
+
+    A shell makes typing a newline awkward, so ``--prompt "《夜思》\n作者：李白\n"`` means two lines.
+    Real newlines pass through unchanged; any other backslash stays as it is. Taught in day13_1.
+    """
+    return re.sub(r"\\([ntr\\])", lambda m: _ESCAPES[m.group(1)], text)
+
+
+def _add_common(p: argparse.ArgumentParser, *, max_new: int, temperature: float) -> None:
+    p.add_argument("model", metavar="MODEL.vqf", help="the weights (a VQF file, e.g. from `kestrel-lab convert`)")
+    p.add_argument("--max-new", type=int, default=max_new, metavar="N",
+                   help=f"most tokens to generate per answer (default {max_new})")
+    p.add_argument("--temperature", type=float, default=temperature, metavar="T",
+                   help=f"0 = greedy (default {temperature})")
+    p.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                   help="keep the smallest set with probability mass ≥ P (1 = off)")
+    p.add_argument("--min-p", type=float, default=0.0, metavar="P",
+                   help="drop tokens less likely than P × the top one (0 = off)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, metavar="R",
+                   help="CTRL repetition penalty on every id seen so far (1 = off)")
+    p.add_argument("--seed", type=int, default=None, metavar="S", help="random seed (default: not reproducible)")
+    p.add_argument("--tokenizer", choices=("bpe", "greedy"), default="bpe",
+                   help="encoder: the reference byte-level BPE (default) or the engine's greedy longest-prefix")
+    p.add_argument("--tokenizer-json", metavar="FILE", default=None,
+                   help="a Qwen3 tokenizer.json (default: the embedded one generated from qwen.tiktoken)")
+    p.add_argument("--vocab-bin", metavar="FILE", default=None,
+                   help="the engine's vocab.bin (for --tokenizer greedy; default: compiled from the tokenizer.json)")
+    p.add_argument("--ctx", type=int, default=4096, metavar="N", help="context limit in tokens (default 4096)")
+    p.add_argument("--threads", type=int, default=None, metavar="N", help="numba threads (default: all cores)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    g = sub.add_parser("generate", help="complete a prompt with a VQF model, streaming the text",
+                       description="Complete a prompt with the numba engine. The continuation goes to "
+                                   "stdout, the statistics line to stderr.")
+    _add_common(g, max_new=256, temperature=0.0)
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help=r"the prompt; \n, \t, \r and \\ are read as escapes (real newlines work too)")
+    src.add_argument("--prompt-file", metavar="FILE", help="read the prompt from a UTF-8 file, as it is")
+    mode = g.add_mutually_exclusive_group()
+    mode.add_argument("--raw", dest="chat", action="store_false", help="use the prompt as it is (default)")
+    mode.add_argument("--chat", dest="chat", action="store_true",
+                      help="wrap the prompt as one user message in the Qwen3 chat template")
+    g.add_argument("--system", default=None, help="system message (with --chat)")
+    g.add_argument("--no-think", dest="think", action="store_false",
+                   help="with --chat: add the empty <think></think> block (answer without reasoning)")
+    g.add_argument("--echo", action="store_true", help="print the prompt before the continuation")
+    g.set_defaults(func=_generate, chat=False, think=True)
+
+    c = sub.add_parser("chat", help="interactive multi-turn chat (empty line or Ctrl-D quits)",
+                       description="Chat with a VQF model. Type after '你> '; an empty line or Ctrl-D quits; "
+                                   "/reset forgets the conversation. Per-turn statistics go to stderr.")
+    _add_common(c, max_new=512, temperature=0.0)
+    c.add_argument("--system", default=None, help="system message")
+    think = c.add_mutually_exclusive_group()
+    think.add_argument("--think", dest="think", action="store_true", help="let the model reason first (default)")
+    think.add_argument("--no-think", dest="think", action="store_false",
+                       help="add the empty <think></think> block: answer without reasoning")
+    c.set_defaults(func=_chat, think=True)
+
+
+def _params(args):
+    from kestrel_lab.engine.sample import SamplingParams
+
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                          repetition_penalty=args.repetition_penalty, seed=args.seed)
+
+
+def _load(args):
+    from kestrel_lab.engine import Qwen3Engine
+    from kestrel_lab.vocab import Tokenizer
+
+    if args.max_new < 0:
+        raise ValueError(f"--max-new {args.max_new}: must be ≥ 0")
+    params = _params(args)
+    engine = Qwen3Engine.from_vqf(args.model, max_context=args.ctx, threads=args.threads)
+    if args.tokenizer_json is None and args.vocab_bin is None:
+        tok = Tokenizer.default(encoder=args.tokenizer)
+    else:
+        tok = Tokenizer.from_files(args.tokenizer_json, args.vocab_bin, encoder=args.tokenizer)
+    return engine, tok, params
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def _generate(args) -> int:
+    from kestrel_lab.engine.chat import encode_messages
+    from kestrel_lab.engine.generate import generate
+
+    if args.prompt is not None:
+        prompt = unescape_prompt(args.prompt)
+    else:
+        with open(args.prompt_file, encoding="utf-8") as fh:
+            prompt = fh.read()
+    engine, tok, params = _load(args)
+    if args.chat:
+        msgs = ([{"role": "system", "content": args.system}] if args.system is not None else [])
+        ids = encode_messages(tok, msgs + [{"role": "user", "content": prompt}], enable_thinking=args.think)
+        if args.echo:
+            _write(tok.decode(ids))
+    else:
+        if args.system is not None:
+            raise ValueError("--system needs --chat")
+        ids = tok.encode(prompt, allow_special=True)
+        if args.echo:
+            _write(prompt)
+    out = generate(engine, tok, ids, params, max_new=args.max_new, on_text=_write)
+    if out.text and not out.text.endswith("\n"):
+        _write("\n")
+    print(out.stats.line(), file=sys.stderr)
+    return 0
+
+
+def _read_line(prompt: str) -> str | None:
+    """One line of input, or None at end of input. Uses readline editing on a terminal."""
+    if sys.stdin.isatty():
+        try:
+            import readline  # noqa: F401  (line editing and history for input())
+        except ImportError:
+            pass
+        try:
+            return input(prompt)
+        except EOFError:
+            _write("\n")
+            return None
+    _write(prompt)
+    line = sys.stdin.readline()
+    if not line:
+        _write("\n")
+        return None
+    _write(line if line.endswith("\n") else line + "\n")  # echo, so a piped transcript reads well
+    return line.rstrip("\r\n")
+
+
+def _chat(args) -> int:
+    from kestrel_lab.engine.chat import Conversation
+
+    engine, tok, params = _load(args)
+    conv = Conversation(engine, tok, system=args.system, enable_thinking=args.think, params=params,
+                        max_new=args.max_new)
+    print(f"kestrel-lab chat: {args.model} (thinking {'on' if args.think else 'off'}; empty line or Ctrl-D "
+          f"quits, /reset forgets)", file=sys.stderr)
+    while True:
+        line = _read_line("你> ")
+        if line is None or not line.strip():
+            return 0
+        if line.strip() == "/reset":
+            conv.reset()
+            print("(conversation forgotten)", file=sys.stderr)
+            continue
+        _write("助手> ")
+        try:
+            res = conv.ask(line, on_text=_write)
+        except ValueError as e:  # e.g. the conversation outgrew the context: say so, start afresh
+            _write("\n")
+            print(f"error: {e}; the conversation was reset", file=sys.stderr)
+            conv.reset()
+            continue
+        except KeyboardInterrupt:  # Ctrl-C stops this answer, not the chat (the turn is forgotten)
+            _write("\n")
+            print("(interrupted: this turn is dropped; Ctrl-D quits)", file=sys.stderr)
+            continue
+        if not res.text.endswith("\n"):
+            _write("\n")
+        print(res.stats.line(), file=sys.stderr)
