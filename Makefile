@@ -31,6 +31,7 @@ system-deps:
 # Execute the notebooks on the embedded defaults (cached: only changed notebooks re-run) and build HTML.
 book: $(VENV)/.runtime-installed system-deps
 	$(KL) book sources
+	$(KL) dashboard
 	$(VENV)/bin/jupyter-book build . --builder html -W -n --keep-going
 	@echo "book: open _build/html/index.html"
 

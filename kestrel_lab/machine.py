@@ -113,7 +113,7 @@ def numba_threading(probe: bool = False) -> dict:
 
     The layer in use (tbb, omp or workqueue) is only known once a parallel kernel has run; with
     ``probe=True`` a one-line ``prange`` kernel is run to find out (``runner-info`` does; a notebook's
-    provenance records it only if the notebook already ran a parallel kernel).
+    provenance records it only if the notebook already ran a parallel kernel). Taught in day28_1.
     """
     try:
         import numba

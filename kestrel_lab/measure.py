@@ -257,7 +257,7 @@ def validate(doc: dict, *, where: str = "<document>") -> dict:
 
 
 def parse_bytes(data: bytes, where: str) -> dict:
-    """Parse and validate one measurements file given as bytes (``where`` names it in errors)."""
+    """Parse and validate one measurements file given as bytes (``where`` names it in errors). Taught in day28_1."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -281,10 +281,10 @@ def runners(root: Path | None = None) -> list[str]:
 
 
 def load_notebook(notebook: str, root: Path | None = None) -> list[dict]:
-    """Every runner's document for one notebook: the article's first, then by runner name.
+    """Every runner's document for one notebook: the article's first, then by runner name, ``local`` last.
 
     With ``root`` left out, a file staged by a ``kestrel-lab rerun`` in progress stands in for that
-    runner's published one, so the notebook's closing table shows the figures it just measured.
+    runner's published one, so the notebook's closing table shows the figures it just measured. Taught in day28_1.
     """
     roots = [root] if root else [measurements_dir()] + ([stage_dir()] if stage_dir() else [])
     by_runner: dict[str, dict] = {}
@@ -293,7 +293,13 @@ def load_notebook(notebook: str, root: Path | None = None) -> list[dict]:
             path = base / r / f"{notebook}.json"
             if path.exists():
                 by_runner[r] = load_file(path)
-    return sorted(by_runner.values(), key=lambda d: (d["source"] != "article", d["provenance"]["runner"]))
+    return sorted(by_runner.values(), key=runner_sort_key)
+
+
+def runner_sort_key(doc: dict) -> tuple:
+    """The article's figures first, then the re-runs by runner name, then this build's (``local``). Taught in day28_3."""
+    r = doc["provenance"]["runner"]
+    return (doc["source"] != "article", r == "local", r)
 
 
 def load_all(root: Path | None = None) -> list[dict]:

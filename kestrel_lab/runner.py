@@ -77,7 +77,10 @@ def parse_days(spec: str) -> list[int]:
 
 
 def parse_cpus(spec: str) -> list[int]:
-    """``"4-7"`` -> [4, 5, 6, 7] (the A76 cluster of an RK3588); every CPU must be usable here."""
+    """``"4-7"`` -> [4, 5, 6, 7] (the A76 cluster of an RK3588); every CPU must be usable here.
+
+    Taught in day28_2.
+    """
     cpus: set[int] = set()
     for part in spec.split(","):
         m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
@@ -93,7 +96,10 @@ def parse_cpus(spec: str) -> list[int]:
 
 
 def parse_value(text: str):
-    """A ``-p`` value as papermill would want it: true/false/none, an int, a float, else the text."""
+    """A ``-p`` value as papermill would want it: true/false/none, an int, a float, else the text.
+
+    Taught in day28_2.
+    """
     low = text.strip().lower()
     if low in ("true", "false"):
         return low == "true"
@@ -106,6 +112,8 @@ def parse_value(text: str):
 
 
 def parse_parameters(pairs: list[list[str]] | None) -> dict:
+    """``-p KEY VALUE`` pairs -> a dict; refuses names that are not Python names, and ``runner``
+    (which ``--runner`` sets). Taught in day28_2."""
     params = {}
     for key, value in pairs or []:
         if not key.isidentifier():
@@ -146,14 +154,26 @@ def select_notebooks(root: Path = REPO_ROOT, days: list[int] | None = None,
     return chosen
 
 
+def declared_parameters(path: Path) -> set[str]:
+    """Names assigned in a notebook's ``parameters`` cell (what ``-p`` can set). Taught in day28_2."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
+            return set(re.findall(r"^([A-Za-z_]\w*)\s*(?::[^=]*)?=", cell.source, re.MULTILINE))
+    return set()
+
+
 # --------------------------------------------------------------------------- run folders
 def utc_stamp(now: _dt.datetime | None = None) -> str:
+    """``20261130T120000Z``: run folders sort by name in time order, on any machine. Taught in day28_2."""
     return (now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
 
 
 @dataclass
 class Result:
-    """What happened to one notebook in a run."""
+    """What happened to one notebook in a run. Taught in day28_2."""
 
     notebook: str
     status: str  # ok, failed, timeout, crashed, interrupted, not run
@@ -167,7 +187,10 @@ class Result:
 
 
 class RunFolder:
-    """``runs/<runner>/<UTC stamp>/``: executed notebooks, logs, staging, and ``run.json``."""
+    """``runs/<runner>/<UTC stamp>/``: executed notebooks, logs, staging, and ``run.json``.
+
+    Taught in day28_2.
+    """
 
     def __init__(self, path: Path, state: dict):
         self.path = Path(path)
@@ -246,10 +269,13 @@ def _count(doc: dict) -> tuple[int, int]:
     return len(figs) - nm, nm
 
 
-def publish(staged: Path, runner: str, notebook: str, root: Path | None = None) -> Path:
-    """Validate a staged measurements file and move it into ``<root>/<runner>/<notebook>.json``.
+def publish(staged: Path, runner: str, notebook: str, root: Path | None = None,
+            rerun_info: dict | None = None) -> Path:
+    """Validate a staged measurements file and write it atomically to ``<root>/<runner>/<notebook>.json``.
 
     Refuses a file that claims another runner or notebook: the runner writes only its own label.
+    ``rerun_info`` (seconds, run folder, pinning) is added to the provenance as ``rerun``, so the book
+    can say how long each notebook took on each runner. Taught in day28_2.
     """
     doc = measure.load_file(staged)
     if doc["provenance"]["runner"] != runner:
@@ -258,9 +284,10 @@ def publish(staged: Path, runner: str, notebook: str, root: Path | None = None) 
     if doc["notebook"] != notebook:
         raise measure.MeasurementError(f"{staged}: field 'notebook' is {doc['notebook']!r}, expected {notebook!r}")
     target = (root or measurements_dir()) / runner / f"{notebook}.json"
-    with atomic_write(target, "wb") as fh:
-        fh.write(staged.read_bytes())
-    return target
+    if rerun_info:
+        doc["provenance"]["rerun"] = rerun_info
+    measure.validate(doc, where=str(staged))
+    return write_json(target, doc)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -313,16 +340,22 @@ class _Executor:
             env.setdefault("OPENBLAS_NUM_THREADS", str(len(self.cpus)))
         t0 = time.monotonic()
         status = error = None
+        if self.stopping:
+            return Result(notebook, "interrupted", 0.0, error="stopped by Ctrl-C")
         with open(log, "wb") as logf:
             proc = subprocess.Popen([sys.executable, "-m", "kestrel_lab.runner", "--worker", str(spec_file)],
                                     stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
             with self.lock:
                 self.procs.add(proc)
+                if self.stopping:  # Ctrl-C came between the check above and the start
+                    _kill_group(proc)
             try:
                 proc.wait(timeout=self.timeout + KERNEL_GRACE_S)
             except subprocess.TimeoutExpired:
                 _kill_group(proc)
-                status, error = "timeout", f"stopped after {self.timeout + KERNEL_GRACE_S:.0f} s (--timeout {self.timeout:g} + kernel start/stop)"
+                status = "timeout"
+                error = (f"stopped after {self.timeout + KERNEL_GRACE_S:.0f} s "
+                         f"(--timeout {self.timeout:g} + kernel start/stop)")
             finally:
                 with self.lock:
                     self.procs.discard(proc)
@@ -335,7 +368,8 @@ class _Executor:
                     res = json.loads(result_file.read_text(encoding="utf-8"))
                     status, error = res["status"], res.get("error")
                 except (OSError, ValueError, KeyError):
-                    status, error = "crashed", f"worker exited with code {proc.returncode} without a result; see {log.name}"
+                    status = "crashed"
+                    error = f"worker exited with code {proc.returncode} without a result; see {log.name}"
         result = Result(notebook, status, round(seconds, 1), error=error,
                         output=out.name if out.exists() else None,
                         finished=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
@@ -345,7 +379,9 @@ class _Executor:
             if staged.exists():
                 try:
                     doc = measure.load_file(staged)
-                    publish(staged, self.runner, notebook, self.root)
+                    publish(staged, self.runner, notebook, self.root, rerun_info={
+                        "seconds": result.seconds, "run": self.folder.path.name, "timeout": self.timeout,
+                        "cpus": self.cpus, "jobs": self.folder.state.get("jobs", 1)})
                     result.figures, result.not_measured = _count(doc)
                 except (OSError, ValueError) as e:
                     result.status, result.error = "failed", f"its figures were not published: {e}"
@@ -363,6 +399,9 @@ def _worker(spec_file: str) -> int:
     """Inside the worker process: pin, execute with papermill, write the result. Never raises."""
     spec = json.loads(Path(spec_file).read_text(encoding="utf-8"))
     result = {"status": "crashed", "error": None}
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # papermill logs each cell's output
     try:
         if spec.get("cpus"):
             os.sched_setaffinity(0, spec["cpus"])  # the kernel, our child, inherits it
@@ -443,12 +482,16 @@ def rerun(runner: str, notebooks: dict[str, Path], *, params: dict | None = None
           timeout: float = DEFAULT_TIMEOUT_S, jobs: int = 1, cpus: list[int] | None = None,
           keep_going: bool = False, force: bool = False, runs_root: Path | None = None,
           run_dir: Path | None = None, new_run: bool = False, measurements_root: Path | None = None,
-          kernel: str = "python3", out=sys.stdout) -> tuple[list[Result], RunFolder]:
+          kernel: str = "python3", out=None) -> tuple[list[Result], RunFolder]:
     """Execute ``notebooks`` for ``runner`` and publish their figures; return one Result each.
 
     Taught in day28_2.
     """
+    out = out or sys.stdout
     measure.check_runner(runner)
+    if runner.startswith("article-"):
+        raise RunnerError(f"--runner {runner}: article-* labels hold the figures printed in the articles; "
+                          f"a re-run needs its own label, e.g. rk3588-a76")
     params = dict(params or {})
     if jobs < 1:
         raise RunnerError("--jobs must be at least 1")
@@ -485,6 +528,11 @@ def rerun(runner: str, notebooks: dict[str, Path], *, params: dict | None = None
           f"already done there; timeout {timeout:g} s per notebook; {jobs} at a time{pin}", file=out)
     if params:
         print("parameters: " + ", ".join(f"{k}={v!r}" for k, v in params.items()), file=out)
+        declared = set().union(*(declared_parameters(p) for p in notebooks.values()))
+        unknown = sorted(set(params) - declared)
+        if unknown:
+            print(f"warning: no selected notebook has a parameter named {', '.join(unknown)} "
+                  f"(a typo?); papermill passes it anyway", file=out)
 
     results: dict[str, Result] = {nb: folder.result(nb) for nb in skipped}
     ex = _Executor(folder, runner, params, timeout=timeout, cpus=cpus,
@@ -494,6 +542,7 @@ def rerun(runner: str, notebooks: dict[str, Path], *, params: dict | None = None
     failed = False
     n_done = 0
     interrupted = False
+    restore = _interrupt_on_term()
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         try:
             while pending or running:
@@ -524,6 +573,8 @@ def rerun(runner: str, notebooks: dict[str, Path], *, params: dict | None = None
                     res.status, res.error = "interrupted", "stopped by Ctrl-C"
                     results[nb] = res
                     folder.record(res)
+        finally:
+            restore()
     for nb in notebooks:
         results.setdefault(nb, Result(nb, "not run", error="interrupted" if interrupted else
                                       "skipped after a failure (use --keep-going)"))
@@ -538,6 +589,24 @@ def rerun(runner: str, notebooks: dict[str, Path], *, params: dict | None = None
     return ordered, folder
 
 
+def _interrupt_on_term():
+    """Treat SIGTERM and SIGHUP (a closed SSH session) like Ctrl-C while notebooks run, so that the
+    workers — in their own sessions, out of reach of the terminal's signals — are stopped too.
+    Returns a function that restores the previous handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def to_interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    saved = {}
+    for name in ("SIGTERM", "SIGHUP"):
+        sig = getattr(signal, name, None)
+        if sig is not None:
+            saved[sig] = signal.signal(sig, to_interrupt)
+    return lambda: [signal.signal(sig, h) for sig, h in saved.items()]
+
+
 def _figures_cell(r: Result) -> str:
     if r.figures is None:
         return "—"
@@ -545,7 +614,10 @@ def _figures_cell(r: Result) -> str:
 
 
 def summary_table(results: list[Result], runner: str) -> str:
-    """The table printed at the end of a run: notebook, status, seconds, figures recorded."""
+    """The table printed at the end of a run: notebook, status, seconds, figures recorded.
+
+    Taught in day28_2.
+    """
     rows = [("notebook", "status", "seconds", "figures", "note")]
     for r in results:
         status = f"{r.status} (earlier)" if r.earlier and r.status == OK else r.status
@@ -625,10 +697,6 @@ def import_measurements(archive: Path, runner: str, root: Path | None = None, *,
         if ".." in parts or name.startswith("/"):
             problems.append(f"{where}: a path that leaves the archive")
             continue
-        if len(parts) >= 2 and parts[-2] != runner and measure.RUNNER_NAME.match(parts[-2]) and (
-                len(parts) >= 3 and parts[-3] == "measurements"):
-            problems.append(f"{where}: stored under measurements/{parts[-2]}/, not measurements/{runner}/")
-            continue
         try:
             doc = measure.parse_bytes(data, where)
         except measure.MeasurementError as e:
@@ -637,6 +705,10 @@ def import_measurements(archive: Path, runner: str, root: Path | None = None, *,
         claimed = doc["provenance"]["runner"]
         if claimed != runner:
             problems.append(f"{where}: field 'provenance.runner' claims {claimed!r}, not {runner!r}")
+            continue
+        if len(parts) >= 2 and parts[-2] != runner and measure.RUNNER_NAME.match(parts[-2]) and (
+                len(parts) >= 3 and parts[-3] == "measurements"):
+            problems.append(f"{where}: stored under measurements/{parts[-2]}/, not measurements/{runner}/")
             continue
         if doc["notebook"] != base[:-5]:
             problems.append(f"{where}: field 'notebook' is {doc['notebook']!r} but the file is {base}")
@@ -680,7 +752,10 @@ def import_measurements(archive: Path, runner: str, root: Path | None = None, *,
 
 
 def export_measurements(runner: str, output: Path | None = None, root: Path | None = None) -> Path:
-    """Pack ``<root>/<runner>/*.json`` (validated) into a .tar.gz for ``import-measurements``."""
+    """Pack ``<root>/<runner>/*.json`` (validated) into a .tar.gz for ``import-measurements``.
+
+    Taught in day28_2.
+    """
     measure.check_runner(runner)
     root = root or measurements_dir()
     files = sorted((root / runner).glob("day*_*.json"))

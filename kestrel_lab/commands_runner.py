@@ -1,0 +1,111 @@
+"""Commands of the board re-run loop: ``rerun``, ``import-measurements``, ``export-measurements`` and
+``dashboard`` (the book page with every runner's figures). Taught in day28_2 and day28_3."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from kestrel_lab import runner as _r
+
+    rr = sub.add_parser(
+        "rerun", help="execute notebooks with papermill and record their figures for a runner",
+        description="Execute notebooks with papermill into runs/<runner>/<UTC time>/ and publish each "
+                    "notebook's figures into data/measurements/<runner>/. Re-running the same command "
+                    "resumes the latest unfinished run folder, skipping notebooks done there.")
+    rr.add_argument("--runner", required=True, help="runner label, e.g. rk3588-a76 or ci-check")
+    sel = rr.add_mutually_exclusive_group()
+    sel.add_argument("--days", help="days to run, e.g. 16-18 or 1,3,5-7 (default: every written notebook)")
+    sel.add_argument("--notebooks", help="notebook ids, e.g. day16_3,day18_2")
+    rr.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("KEY", "VALUE"),
+                    help="a papermill parameter for every notebook, e.g. -p quick false "
+                         "-p vqf_path /mnt/emmc/Modl/Qwen3-VL-2B-Instruct/model.vqf (repeatable)")
+    rr.add_argument("--timeout", type=float, default=_r.DEFAULT_TIMEOUT_S,
+                    help=f"seconds a notebook may run (default {_r.DEFAULT_TIMEOUT_S})")
+    rr.add_argument("--jobs", type=int, default=1,
+                    help="notebooks at a time (default 1: measurements want a quiet machine)")
+    rr.add_argument("--cpus", help="pin the notebooks to these CPUs, e.g. 4-7 (the RK3588's A76 cluster); "
+                                   "sets NUMBA_NUM_THREADS to their count")
+    rr.add_argument("--keep-going", action="store_true", help="run the other notebooks after a failure")
+    rr.add_argument("--force", action="store_true", help="re-run notebooks already done in the run folder")
+    rr.add_argument("--new-run", action="store_true", help="start a new run folder instead of resuming")
+    rr.add_argument("--run-dir", type=Path, help="use (or resume) this run folder")
+    rr.add_argument("--runs-root", type=Path, help="where run folders go (default: runs/ in the checkout)")
+    rr.add_argument("--root", type=Path, help=argparse.SUPPRESS)  # tests: a tree with notebooks/
+    rr.set_defaults(func=_rerun)
+
+    im = sub.add_parser("import-measurements",
+                        help="install a runner's figures from an archive, after validating every file")
+    im.add_argument("archive", type=Path, help=".tar.gz, .tar, .zip or a folder of dayDD_P.json files")
+    im.add_argument("--runner", required=True, help="the runner the files must claim")
+    im.add_argument("--dry-run", action="store_true", help="validate only")
+    im.set_defaults(func=_import)
+
+    ex = sub.add_parser("export-measurements", help="pack data/measurements/<runner>/ into a .tar.gz")
+    ex.add_argument("--runner", required=True)
+    ex.add_argument("-o", "--output", type=Path, help="archive path (default: kestrel-measurements-<runner>-<time>.tar.gz)")
+    ex.set_defaults(func=_export)
+
+    db = sub.add_parser("dashboard", help="regenerate book/dashboard.md: every runner's figures and plots")
+    db.add_argument("--check", action="store_true", help="fail if book/dashboard.md is out of date")
+    db.add_argument("--include-local", action="store_true",
+                    help="also show data/measurements/local/ (machine-specific, not committed)")
+    db.set_defaults(func=_dashboard)
+
+
+def _rerun(args) -> int:
+    from kestrel_lab import runner as _r
+    from kestrel_lab.paths import REPO_ROOT
+
+    root = args.root or REPO_ROOT
+    days = _r.parse_days(args.days) if args.days else None
+    ids = [s for s in args.notebooks.split(",") if s.strip()] if args.notebooks else None
+    notebooks = _r.select_notebooks(root, days=days, ids=ids)
+    cpus = _r.parse_cpus(args.cpus) if args.cpus else None
+    results, folder = _r.rerun(args.runner, notebooks, params=_r.parse_parameters(args.parameter),
+                               timeout=args.timeout, jobs=args.jobs, cpus=cpus, keep_going=args.keep_going,
+                               force=args.force, runs_root=args.runs_root or root / "runs",
+                               run_dir=args.run_dir, new_run=args.new_run)
+    from kestrel_lab.paths import measurements_dir
+
+    ok = all(r.status == _r.OK for r in results)
+    print(f"figures: {measurements_dir() / args.runner}/ (commit them, or `kestrel-lab export-measurements "
+          f"--runner {args.runner}`); executed notebooks and logs: {folder.path}/")
+    if not ok:
+        print("re-run the same command to resume: notebooks done in that run folder are skipped")
+    return 0 if ok else 1
+
+
+def _import(args) -> int:
+    from kestrel_lab import measure, runner as _r
+
+    targets = _r.import_measurements(args.archive, args.runner, dry_run=args.dry_run)
+    verb = "would install" if args.dry_run else "installed"
+    for t in targets:
+        doc = measure.load_file(t) if not args.dry_run else None
+        when = f" (measured {doc['provenance']['date'][:10]})" if doc else ""
+        print(f"{verb} {t}{when}")
+    return 0
+
+
+def _export(args) -> int:
+    from kestrel_lab import runner as _r
+
+    path = _r.export_measurements(args.runner, args.output)
+    print(f"wrote {path}: send it to the instructor (`kestrel-lab import-measurements {path.name} "
+          f"--runner {args.runner}`)")
+    return 0
+
+
+def _dashboard(args) -> int:
+    from kestrel_lab import dashboard
+
+    if args.check:
+        stale = dashboard.is_stale(include_local=args.include_local)
+        if stale:
+            print(f"{dashboard.PAGE} is out of date: run `kestrel-lab dashboard`")
+        return 1 if stale else 0
+    path, changed = dashboard.write(include_local=args.include_local)
+    print(f"{'wrote' if changed else 'unchanged'} {path}")
+    return 0

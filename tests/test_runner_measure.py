@@ -1,0 +1,130 @@
+"""measure's parts of the re-run loop: the staging overlay, the older-commit mark, the dashboard page."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kestrel_lab import dashboard, measure, paths
+
+
+@pytest.fixture
+def data(tmp_path, monkeypatch):
+    d = tmp_path / "data"
+    (d / "measurements").mkdir(parents=True)
+    monkeypatch.setenv("KESTREL_DATA_DIR", str(d))
+    monkeypatch.delenv(measure.STAGE_ENV, raising=False)
+    return d
+
+
+def save(notebook, runner_label, figures, root, commit=None):
+    rec = measure.Recorder(notebook, runner_label, params={"quick": True})
+    for name, value, unit in figures:
+        rec.record(name, value, unit, f"meaning of {name}")
+    doc = rec.document()
+    if commit is not None:
+        doc["provenance"]["machine"]["git_commit"] = commit
+    from kestrel_lab.atomic import write_json
+
+    return write_json(root / runner_label / f"{notebook}.json", doc)
+
+
+def test_staged_file_stands_in_for_the_published_one(data, tmp_path, monkeypatch):
+    save("day01_3", "board", [("x", 1, "items")], data / "measurements")
+    stage = tmp_path / "stage"
+    monkeypatch.setenv(measure.STAGE_ENV, str(stage))
+    rec = measure.Recorder("day01_3", "board")
+    rec.record("x", 2, "items", "x")
+    path = rec.save()
+    assert path == stage / "board" / "day01_3.json"  # not published yet
+    assert measure.load_file(data / "measurements" / "board" / "day01_3.json")["figures"][0]["value"] == 1
+    rows = measure.compare("day01_3").rows
+    assert [r["value"] for r in rows] == [2]
+    monkeypatch.delenv(measure.STAGE_ENV)
+    assert [r["value"] for r in measure.compare("day01_3").rows] == [1]
+
+
+def git(repo: Path, *args) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    """A git checkout with a notebook committed twice: figures of the first commit are older."""
+    r = tmp_path / "repo"
+    nb = r / "notebooks" / "day01" / "day01_3_x.ipynb"
+    nb.parent.mkdir(parents=True)
+    git(r.parent, "init", "-q", str(r))
+    nb.write_text("{}")
+    git(r, "add", ".")
+    git(r, "commit", "-q", "-m", "first")
+    first = git(r, "rev-parse", "--short=12", "HEAD")
+    nb.write_text('{"changed": true}')
+    git(r, "commit", "-q", "-am", "second")
+    second = git(r, "rev-parse", "--short=12", "HEAD")
+    (r / "other.txt").write_text("later, unrelated")
+    git(r, "add", ".")
+    git(r, "commit", "-q", "-m", "third")
+    third = git(r, "rev-parse", "--short=12", "HEAD")
+    monkeypatch.setattr(paths, "REPO_ROOT", r)
+    measure.notebook_commit.cache_clear()
+    measure._contains.cache_clear()
+    yield first, second, third
+    measure.notebook_commit.cache_clear()
+    measure._contains.cache_clear()
+
+
+def test_older_commit_is_marked(data, repo):
+    first, second, third = repo
+    assert measure.notebook_commit("day01_3") == second
+    assert measure.measured_with_older_commit(first, "day01_3") is True
+    assert measure.measured_with_older_commit(second, "day01_3") is False
+    assert measure.measured_with_older_commit(third + "+dirty", "day01_3") is False
+    assert measure.measured_with_older_commit("0123456789ab", "day01_3") is None  # unknown here
+    assert measure.measured_with_older_commit(None, "day01_3") is None
+
+    save("day01_3", "old-board", [("x", 1, "items")], data / "measurements", commit=first)
+    save("day01_3", "new-board", [("x", 2, "items")], data / "measurements", commit=third)
+    table = measure.compare("day01_3")
+    marks = {r["runner"]: r["stale"] for r in table.rows}
+    assert marks == {"old-board": True, "new-board": False}
+    md = table.to_markdown()
+    assert f"{first} ⚠" in md and f"{third} ⚠" not in md and "older than the notebook's current one" in md
+    assert "⚠" in table._repr_html_()
+
+
+def test_dashboard_page(data, tmp_path):
+    root = data / "measurements"
+    save("day02_3", "ci-check", [("read_bw", 15.5, "GB/s"), ("n", 3, "items")], root)
+    save("day02_3", "rk3588-a76", [("read_bw", 9.25, "GB/s")], root)
+    save("day02_3", "local", [("read_bw", 1.0, "GB/s")], root)
+    text = dashboard.render()
+    assert text.startswith(dashboard.HEADER)
+    assert "| figure | unit | ci-check | rk3588-a76 |" in text
+    assert "| read_bw | GB/s | 15.5 | 9.25 |" in text and "| n | items | 3 | — |" in text
+    assert "| `local` |" not in text  # machine-specific: left out unless asked
+    assert "```{raw} html\n<svg" in text and "day02_3 · read_bw" in text
+    assert "| read_bw | GB/s | 15.5 | 9.25 | 1 |" in dashboard.render(include_local=True)
+    page = tmp_path / "dashboard.md"
+    assert dashboard.write(page=page) == (page, True)
+    assert dashboard.write(page=page) == (page, False)  # deterministic: the SVG does not change
+    assert not dashboard.is_stale(page=page)
+    save("day02_3", "rk3588-a76", [("read_bw", 9.5, "GB/s")], root)
+    assert dashboard.is_stale(page=page)
+
+
+def test_dashboard_without_throughputs_or_data(data):
+    assert "还没有任何 runner 的记录" in dashboard.render()
+    save("day01_2", "ci-check", [("params", 596049920, "parameters")], data / "measurements")
+    text = dashboard.render()
+    assert "<svg" not in text and "还没有 runner 记录过吞吐类" in text
+
+
+def test_plot_shows_shared_figures_first_and_at_most_the_cap():
+    rows = [(f"day02_3 · f{i}", "ci-check", "GB/s", 1.0 + i) for i in range(dashboard.MAX_PLOTTED + 5)]
+    rows.append(("day02_3 · f27", "rk3588-a76", "GB/s", 2.0))  # the only shared one, listed late
+    labels = dashboard.plotted_labels(rows)
+    assert len(labels) == dashboard.MAX_PLOTTED and labels[0] == "day02_3 · f27"
+    assert labels[1:4] == ["day02_3 · f0", "day02_3 · f1", "day02_3 · f2"]

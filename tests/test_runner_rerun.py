@@ -1,0 +1,217 @@
+"""kestrel-lab rerun on small fixture notebooks (tests/fixtures/notebooks/): provenance, failures,
+timeouts, surviving figures, resume. Each test runs real papermill kernels, so they are few and share
+runs; KESTREL_DATA_DIR points at a temporary folder so the real data/measurements/ is never touched."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from kestrel_lab import cli, measure, runner
+
+FIXTURES = Path(__file__).parent / "fixtures"
+RUNNER = "test-runner"
+
+
+@pytest.fixture
+def data(tmp_path, monkeypatch):
+    """A private data folder (measurements go there, in this process and in every kernel)."""
+    d = tmp_path / "data"
+    (d / "measurements").mkdir(parents=True)
+    monkeypatch.setenv("KESTREL_DATA_DIR", str(d))
+    monkeypatch.delenv(measure.STAGE_ENV, raising=False)
+    return d
+
+
+def rerun(capsys, tmp_path, *args) -> tuple[int, str]:
+    code = cli.main(["rerun", "--runner", RUNNER, "--root", str(FIXTURES),
+                     "--runs-root", str(tmp_path / "runs"), *args])
+    return code, capsys.readouterr().out
+
+
+def summary_rows(out: str) -> dict[str, list[str]]:
+    """notebook -> [status, seconds, figures…] from the summary table printed at the end."""
+    lines = out.splitlines()
+    start = max(i for i, line in enumerate(lines) if line.startswith("notebook  status"))
+    rows = {}
+    for line in lines[start + 2:]:
+        if line.startswith("day"):
+            rows[line.split()[0]] = line.split()[1:]
+    return rows
+
+
+def good_old_file(data: Path, notebook: str, runner_label: str = RUNNER, value=1) -> Path:
+    rec = measure.Recorder(notebook, runner_label, params={"quick": True})
+    rec.record("old_figure", value, "items", "a figure from an earlier good run")
+    return rec.save(data / "measurements")
+
+
+def test_two_notebooks_write_valid_provenance(data, tmp_path, capsys):
+    code, out = rerun(capsys, tmp_path, "--notebooks", "day01_1,day01_3", "-p", "scale", "3",
+                      "--cpus", "0", "--timeout", "120")
+    assert code == 0, out
+    rows = summary_rows(out)
+    assert rows["day01_1"][0] == "ok" and rows["day01_3"][0] == "ok"
+    assert "3 + 1 not measured" in out and "2/2 ok" in out
+
+    doc = measure.load_file(data / "measurements" / RUNNER / "day01_1.json")
+    prov = doc["provenance"]
+    assert prov["runner"] == RUNNER and doc["source"] == "run"
+    assert prov["parameters"] == {"quick": True, "scale": 3}
+    assert prov["machine"]["affinity"] == [0]  # --cpus pinned the kernel
+    assert prov["machine"]["numba_env"]["NUMBA_NUM_THREADS"] == "1"
+    assert prov["rerun"]["cpus"] == [0] and prov["rerun"]["seconds"] > 0  # added when published
+    figs = {f["name"]: f for f in doc["figures"]}
+    assert figs["scaled"]["value"] == 21  # -p scale 3 reached the notebook
+    assert figs["board_only"]["status"] == "not_measured"
+    measure.load_file(data / "measurements" / RUNNER / "day01_3.json")
+
+    run_dir = next((tmp_path / "runs" / RUNNER).iterdir())
+    state = json.loads((run_dir / "run.json").read_text())
+    assert state["complete"] and {n["status"] for n in state["notebooks"].values()} == {"ok"}
+    nb = nbformat.read(run_dir / "day01_1.ipynb", as_version=4)
+    injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
+    assert len(injected) == 1 and "remove-cell" in injected[0].metadata.tags
+    assert 'runner = "test-runner"' in injected[0].source
+    assert not list((data / "measurements").glob(f"{RUNNER}/.*"))  # no temp files left behind
+
+
+def test_failure_timeout_survivors_and_resume(data, tmp_path, capsys):
+    old_fail = good_old_file(data, "day01_2")  # the failing notebook's previous good figures
+    old_other = good_old_file(data, "day01_2", "some-board", value=5)
+    before = old_fail.read_bytes(), old_other.read_bytes()
+
+    code, out = rerun(capsys, tmp_path, "--keep-going", "--timeout", "15", "--jobs", "2")
+    assert code == 1
+    rows = summary_rows(out)
+    assert rows["day01_1"][0] == "ok" and rows["day01_3"][0] == "ok"
+    assert rows["day01_2"][0] == "failed" and "ZeroDivisionError" in out
+    assert rows["day02_1"][0] == "timeout"
+    # day01_2 called rec.save() before it failed: its figures are not published, the old ones survive
+    assert (old_fail.read_bytes(), old_other.read_bytes()) == before
+    assert not (data / "measurements" / RUNNER / "day02_1.json").exists()
+    measure.load_file(data / "measurements" / RUNNER / "day01_1.json")
+    measure.load_file(data / "measurements" / RUNNER / "day01_3.json")
+    run_dirs = list((tmp_path / "runs" / RUNNER).iterdir())
+    assert len(run_dirs) == 1
+    done_1 = (data / "measurements" / RUNNER / "day01_1.json").stat().st_mtime_ns
+
+    # Same command again: the same run folder, the done notebooks skipped, the others re-run.
+    code, out = rerun(capsys, tmp_path, "--keep-going", "--timeout", "15", "--jobs", "2",
+                      "--notebooks", "day01_1,day01_2,day01_3")
+    assert code == 1
+    assert f"{run_dirs[0]} (resumed)" in out and "2 already done there" in out
+    rows = summary_rows(out)
+    assert rows["day01_1"][:2] == ["ok", "(earlier)"] and rows["day01_2"][0] == "failed"
+    assert (data / "measurements" / RUNNER / "day01_1.json").stat().st_mtime_ns == done_1
+    assert list((tmp_path / "runs" / RUNNER).iterdir()) == run_dirs
+
+    # --force re-runs a done notebook in that folder.
+    code, out = rerun(capsys, tmp_path, "--force", "--notebooks", "day01_3", "--timeout", "60")
+    assert code == 0 and "1 to run, 0 already done" in out and f"{run_dirs[0]} (resumed)" in out
+
+
+def test_stops_after_first_failure_without_keep_going(data, tmp_path, capsys):
+    code, out = rerun(capsys, tmp_path, "--notebooks", "day01_2,day01_3", "--timeout", "60")
+    assert code == 1
+    rows = summary_rows(out)
+    assert rows["day01_2"][0] == "failed" and rows["day01_3"][:2] == ["not", "run"]
+    assert "--keep-going" in out
+    assert not (data / "measurements" / RUNNER).exists()
+
+
+def test_different_parameters_start_a_new_run_folder(tmp_path):
+    first = runner.RunFolder.create(tmp_path, RUNNER, {"quick": True})
+    folder, how = runner.RunFolder.resume_or_create(tmp_path, RUNNER, {"quick": True})
+    assert folder.path == first.path and how == "resumed"
+    folder, how = runner.RunFolder.resume_or_create(tmp_path, RUNNER, {"quick": False})
+    assert folder.path != first.path and how.startswith("new")
+    folder.state["complete"] = True
+    folder.save()
+    again, how = runner.RunFolder.resume_or_create(tmp_path, RUNNER, {"quick": False})
+    assert again.path != folder.path and how == "new"
+
+
+def test_argument_parsing():
+    assert runner.parse_days("16-18") == [16, 17, 18]
+    assert runner.parse_days("1,3,5-6") == [1, 3, 5, 6]
+    for bad in ("0-2", "18-16", "x", "31"):
+        with pytest.raises(runner.RunnerError, match="--days"):
+            runner.parse_days(bad)
+    assert runner.parse_cpus("0") == [0]
+    with pytest.raises(runner.RunnerError, match="not available"):
+        runner.parse_cpus(f"{max(os.sched_getaffinity(0)) + 1}")
+    with pytest.raises(runner.RunnerError, match="--cpus"):
+        runner.parse_cpus("7-4")
+    assert runner.parse_value("false") is False and runner.parse_value("3") == 3
+    assert runner.parse_value("2.5") == 2.5 and runner.parse_value("None") is None
+    assert runner.parse_value("/mnt/emmc/Modl/x.vqf") == "/mnt/emmc/Modl/x.vqf"
+    assert runner.parse_parameters([["quick", "false"]]) == {"quick": False}
+    with pytest.raises(runner.RunnerError, match="--runner"):
+        runner.parse_parameters([["runner", "x"]])
+    with pytest.raises(runner.RunnerError, match="not a Python name"):
+        runner.parse_parameters([["model-dir", "x"]])
+
+
+def test_rerun_refuses_the_article_label_and_bad_settings(data, tmp_path):
+    nbs = runner.select_notebooks(FIXTURES, ids=["day01_3"])
+    with pytest.raises(runner.RunnerError, match="article-\\* labels"):
+        runner.rerun("article-rk3588", nbs, runs_root=tmp_path)
+    with pytest.raises(measure.MeasurementError, match="runner label"):
+        runner.rerun("bad label", nbs, runs_root=tmp_path)
+    with pytest.raises(runner.RunnerError, match="--jobs"):
+        runner.rerun(RUNNER, nbs, jobs=0, runs_root=tmp_path)
+    assert not (tmp_path / RUNNER).exists()
+
+
+def test_select_notebooks():
+    all_ = runner.select_notebooks(FIXTURES)
+    assert list(all_) == ["day01_1", "day01_2", "day01_3", "day02_1"]
+    assert list(runner.select_notebooks(FIXTURES, days=[2])) == ["day02_1"]
+    assert list(runner.select_notebooks(FIXTURES, ids=["day01_3", "1_1"])) == ["day01_1", "day01_3"]
+    with pytest.raises(runner.RunnerError, match="day05_1 has no notebook"):
+        runner.select_notebooks(FIXTURES, ids=["day05_1"])
+    with pytest.raises(runner.RunnerError, match="no written notebook"):
+        runner.select_notebooks(FIXTURES, days=[20])
+
+
+def test_publish_refuses_a_file_of_another_runner(data, tmp_path):
+    rec = measure.Recorder("day01_1", "local")
+    rec.record("x", 1, "items", "x")
+    staged = rec.save(tmp_path / "stage")
+    with pytest.raises(measure.MeasurementError, match="provenance.runner"):
+        runner.publish(staged, RUNNER, "day01_1")
+    assert not (data / "measurements" / RUNNER).exists()
+
+
+def test_declared_parameters_and_typo_warning(data, tmp_path, capsys):
+    assert runner.declared_parameters(FIXTURES / "notebooks/day01/day01_1_alpha.ipynb") == {"runner", "quick", "scale"}
+    # an unknown parameter is reported before anything runs (the run itself stops at the failing notebook)
+    code, out = rerun(capsys, tmp_path, "--notebooks", "day01_2", "-p", "scael", "3", "--timeout", "60")
+    assert code == 1 and "no selected notebook has a parameter named scael" in out
+
+
+def test_sigterm_stops_the_run_like_ctrl_c(data, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cmd = [sys.executable, "-m", "kestrel_lab", "rerun", "--runner", RUNNER, "--root", str(FIXTURES),
+           "--runs-root", str(tmp_path / "runs"), "--notebooks", "day02_1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    state_files = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not list((tmp_path / "runs").rglob("day02_1.log")):
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    state_files = list((tmp_path / "runs" / RUNNER).glob("*/run.json"))
+    state = json.loads(state_files[0].read_text())
+    assert state["notebooks"]["day02_1"]["status"] == "interrupted" and not state["complete"]
+    assert "interrupted" in out and not (data / "measurements" / RUNNER / "day02_1.json").exists()
