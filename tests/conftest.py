@@ -16,3 +16,15 @@ def require_built_book() -> Path:
             pytest.fail("_build/html is missing: `make test` builds the book before running pytest")
         pytest.skip("book not built: run `make book` first")
     return html
+
+
+@pytest.fixture
+def data(tmp_path, monkeypatch):
+    """A private data folder: measurements go there, in this process and in every kernel it starts."""
+    from kestrel_lab import measure
+
+    d = tmp_path / "data"
+    (d / "measurements").mkdir(parents=True)
+    monkeypatch.setenv("KESTREL_DATA_DIR", str(d))
+    monkeypatch.delenv(measure.STAGE_ENV, raising=False)
+    return d

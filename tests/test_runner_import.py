@@ -14,14 +14,6 @@ from kestrel_lab import cli, measure, runner
 BOARD = "rk3588-a76"
 
 
-@pytest.fixture
-def data(tmp_path, monkeypatch):
-    d = tmp_path / "data"
-    (d / "measurements").mkdir(parents=True)
-    monkeypatch.setenv("KESTREL_DATA_DIR", str(d))
-    monkeypatch.delenv(measure.STAGE_ENV, raising=False)
-    return d
-
 
 def doc_bytes(notebook: str, runner_label: str = BOARD, value=3.5) -> bytes:
     rec = measure.Recorder(notebook, runner_label, params={"quick": False})

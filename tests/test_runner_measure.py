@@ -9,14 +9,6 @@ import pytest
 from kestrel_lab import dashboard, measure, paths
 
 
-@pytest.fixture
-def data(tmp_path, monkeypatch):
-    d = tmp_path / "data"
-    (d / "measurements").mkdir(parents=True)
-    monkeypatch.setenv("KESTREL_DATA_DIR", str(d))
-    monkeypatch.delenv(measure.STAGE_ENV, raising=False)
-    return d
-
 
 def save(notebook, runner_label, figures, root, commit=None):
     rec = measure.Recorder(notebook, runner_label, params={"quick": True})

@@ -16,15 +16,6 @@ FIXTURES = Path(__file__).parent / "fixtures"
 RUNNER = "test-runner"
 
 
-@pytest.fixture
-def data(tmp_path, monkeypatch):
-    """A private data folder (measurements go there, in this process and in every kernel)."""
-    d = tmp_path / "data"
-    (d / "measurements").mkdir(parents=True)
-    monkeypatch.setenv("KESTREL_DATA_DIR", str(d))
-    monkeypatch.delenv(measure.STAGE_ENV, raising=False)
-    return d
-
 
 def rerun(capsys, tmp_path, *args) -> tuple[int, str]:
     code = cli.main(["rerun", "--runner", RUNNER, "--root", str(FIXTURES),
