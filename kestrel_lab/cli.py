@@ -12,6 +12,12 @@ import sys
 # Modules that register commands, in the order ``--help`` lists them.
 COMMAND_MODULES = [
     "kestrel_lab.commands_core",  # book, measurements, runner-info
+    "kestrel_lab.vocab.cli",  # vocab: tokenizer.json, compile, check, inspect, encode, probes
+    "kestrel_lab.commands_runner",  # rerun, import-measurements, export-measurements, dashboard
+    "kestrel_lab.vqf.cli",  # vqf plan, inspect, verify, dump, spec
+    "kestrel_lab.commands_convert",  # convert, tiny-model
+    "kestrel_lab.engine.cli",  # generate, chat
+    "kestrel_lab.engine.bench",  # bench
 ]
 
 

@@ -1,0 +1,433 @@
+"""``kestrel-lab bench``: how fast the engine decodes and prefills, against the machine's ceiling and PyTorch.
+
+Everything is measured in one run on the same machine, because every figure only means something
+next to the others:
+
+- the engine's decode tok/s (after a 64-token prompt) and prefill tok/s, at 1 thread and at all
+  threads, on a model with real shapes (default ``data/configs/qwen3-0.6b.config.json``) and
+  deterministic random weights (generated once, written straight into a VQF with the writer and
+  cached under ``kestrel_lab.paths.cache_dir()``; never committed);
+- the memory read bandwidth (``roofline.memory_bandwidth``), the weight bytes one decode step reads
+  and hence the bandwidth ceiling in tok/s (``roofline.decode_ceiling``), and the engine's % of it;
+- the matvec kernels' GB/s of weights on one FFN-shaped matrix: the naive block-by-block Q4_0 loop,
+  the lane-accumulator Q4_0 and Q8_0 kernels and the Q4_8X8L kernel — the layout story in numbers;
+- PyTorch (``transformers``, fp32 and bf16) decode tok/s on the same weights (dequantized from the
+  file) when torch is installed;
+- numba's first compile (a fresh process with an empty ``NUMBA_CACHE_DIR``) and the cached cold
+  start (a fresh process, cache warm, file in the page cache: from process start to the first token).
+
+``--json`` prints the result as JSON; ``--record RUNNER`` stores the figures with provenance under
+``data/measurements/RUNNER/day29_1.json``. Taught in day07_3, day23_1, day24_2 and day29_1.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from kestrel_lab import quant as Q
+from kestrel_lab.config import ModelConfig
+from kestrel_lab.paths import cache_dir, configs_dir
+
+DEFAULT_CONFIG = "qwen3-0.6b.config.json"
+PROMPT_TOKENS = 64
+DECODE_TOKENS = 32
+ROWS_PER_CHUNK = 4096
+
+
+# ------------------------------------------------------------------------------ the random model
+def _values(seed: int, name: str, rows: int, cols: int):
+    """Deterministic float32 rows of one tensor, a chunk at a time (never the whole matrix at once)."""
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    norm = name.endswith("_norm")
+    scale = 0.25 if name == "token_embed" else 1.0 / np.sqrt(cols)
+    for r0 in range(0, rows, ROWS_PER_CHUNK):
+        n = min(ROWS_PER_CHUNK, rows - r0)
+        x = rng.standard_normal((n, cols), dtype=np.float32)
+        yield (1.0 + 0.1 * x) if norm else x * np.float32(scale)
+
+
+def bench_vqf(config_path: str | os.PathLike | None = None, quant: str = "q4_0", seed: int = 0,
+              progress: bool = False) -> Path:
+    """The cached random-weight VQF for ``config_path`` at ``quant`` (built on first use).
+
+    A tied lm head is written from the same random values as the embedding, as a converter would.
+    Taught in day29_1.
+    """
+    from kestrel_lab.vqf.layout import plan
+    from kestrel_lab.vqf.writer import VQFWriter
+
+    config_path = Path(config_path) if config_path else configs_dir() / DEFAULT_CONFIG
+    cfg = ModelConfig.from_hf(config_path)
+    stem = config_path.name.removesuffix(".json").removesuffix(".config")
+    if stem == "config":
+        stem = config_path.parent.name
+    out = cache_dir() / "bench" / f"{stem}-{quant.lower()}-seed{seed}.vqf"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    specs = plan(cfg, quant)
+    with VQFWriter(out, cfg, specs, source={"model": f"random seed {seed} ({config_path.name})"},
+                   progress=progress or None) as w:
+        for s in specs:
+            src = "token_embed" if (s.name == "q4_lm" and cfg.tie_word_embeddings) else s.name
+            w.write_tensor_parts(s.name, (Q.quantize(x, s.qtype) for x in _values(seed, src, s.rows, s.cols)))
+    return out
+
+
+# ------------------------------------------------------------------------------ measurements
+def prompt_ids(vocab: int, n: int = PROMPT_TOKENS, seed: int = 1) -> list[int]:
+    """A deterministic prompt of ``n`` random ids. Taught in day29_1."""
+    return [int(t) for t in np.random.default_rng(seed).integers(0, min(vocab, 150_000), n)]
+
+
+def engine_speed(path, threads: int, prompt_len: int = PROMPT_TOKENS, decode_tokens: int = DECODE_TOKENS,
+                 repack: bool = False) -> dict:
+    """Prefill tok/s of a ``prompt_len`` prompt and decode tok/s over ``decode_tokens`` greedy steps.
+
+    A short warm-up first (it also pages the mapped weights in). ``repack``: run plain Q4_0 weights
+    from a Q4_8X8L copy (see ``Qwen3Engine``). Taught in day11_2 and day23_2.
+    """
+    from kestrel_lab.engine import Qwen3Engine
+
+    t0 = time.perf_counter()
+    eng = Qwen3Engine.from_vqf(path, max_context=prompt_len + decode_tokens + 16, threads=threads, repack=repack)
+    load_s = time.perf_counter() - t0
+    ids = prompt_ids(eng.config.vocab_size, prompt_len)
+    logits = eng.prefill(ids[:8])
+    for _ in range(2):
+        logits = eng.decode(int(np.argmax(logits)))
+    eng.reset()
+    t0 = time.perf_counter()
+    logits = eng.prefill(ids)
+    prefill_s = time.perf_counter() - t0
+    steps = []
+    for _ in range(decode_tokens):
+        t0 = time.perf_counter()
+        logits = eng.decode(int(np.argmax(logits)))
+        steps.append(time.perf_counter() - t0)
+    return {"threads": threads, "prefill_tok_s": prompt_len / prefill_s, "decode_tok_s": decode_tokens / sum(steps),
+            "decode_ms_median": 1e3 * float(np.median(steps)), "load_s": load_s,
+            "repack_s": eng.repack_seconds, "weight_bytes_per_token": eng.weight_bytes_per_token,
+            "weight_qtypes": sorted(set(eng.weight_qtypes.values()))}
+
+
+def _random_blocks(rng, rows: int, nb: int, block_bytes: int) -> np.ndarray:
+    """Random block bytes with a sane fp16 scale (0.01) first: speed does not depend on the values."""
+    b = rng.integers(0, 256, size=(rows, nb, block_bytes), dtype=np.uint8)
+    b[..., :2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+    return b.reshape(rows, nb * block_bytes)
+
+
+def kernel_speeds(threads: int, rows: int = 98_304, cols: int = 1024, repeat: int = 5) -> dict:
+    """GB/s of weights of each matvec kernel on one rows × cols matrix.
+
+    The default (98,304 × 1,024: 57 MB at Q4_0, 107 MB at Q8_0) is larger than the last-level cache,
+    so the figures are DRAM figures, comparable with the read bandwidth. Taught in day07_3.
+    """
+    from kestrel_lab.engine import kernels as K
+    from kestrel_lab.roofline import numba_threads
+
+    rng = np.random.default_rng(0)
+    nb = cols // K.QK
+    x = rng.standard_normal((1, cols), dtype=np.float32)
+    xq = np.empty((1, cols), np.int8)
+    xd = np.empty((1, nb), np.float32)
+    K.quantize_act(x, xq, xd)
+    xe = np.empty((1, nb, 5, 64), np.int16)
+    K.expand_act_8x8(xq, xe)
+    q4 = _random_blocks(rng, rows, nb, 18)
+    q8 = _random_blocks(rng, rows, nb, 34)
+    q48 = np.empty(q4.size, np.uint8)
+    K.repack_q4_0_to_8x8l(q4, q48, K.n_chunks(rows // 8))
+    for a in (q4, q8, q48):
+        a.setflags(write=False)
+    out = np.empty(rows, np.float32)
+    lut = K.F16_TO_F32
+    res = {}
+    with numba_threads(threads):
+        nch = K.n_chunks(rows)
+        cases = {
+            "q4_0 naive (block by block)": (q4.nbytes, lambda: K.matvec_q4_0_naive(q4, xq, xd, lut, out, nch)),
+            "q4_0 lanes": (q4.nbytes, lambda: K.matvec_q4_0(q4, xq, xd, lut, out, nch)),
+            "q8_0 lanes": (q8.nbytes, lambda: K.matvec_q8_0(q8, q8.view(np.int8), xq, xd, lut, out, nch)),
+            "q4_8x8l": (q48.nbytes, lambda: K.matvec_q4_8x8l(q48, xe, xd, lut, out, K.n_chunks(rows // 8))),
+        }
+        for name, (nbytes, fn) in cases.items():
+            fn()
+            best = min(_timed(fn) for _ in range(repeat))
+            res[name] = nbytes / best / 1e9
+    return res
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def torch_speed(path, dtype: str, threads: int, prompt_len: int = PROMPT_TOKENS, decode_tokens: int = 16) -> dict:
+    """transformers' Qwen3ForCausalLM decode tok/s on the file's weights (dequantized), fp32 or bf16.
+
+    Taught in day29_1.
+    """
+    import torch
+    import transformers
+
+    from kestrel_lab.vqf.reader import open_vqf
+
+    torch.set_num_threads(threads)
+    f = open_vqf(path)
+    c = f.config
+    tdt = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    hf = transformers.Qwen3Config(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, rope_theta=c.rope_theta,
+        rms_norm_eps=c.rms_norm_eps, max_position_embeddings=c.max_position_embeddings,
+        tie_word_embeddings=c.tie_word_embeddings)
+    with torch.device("meta"):
+        model = transformers.Qwen3ForCausalLM(hf)
+    L = c.num_hidden_layers
+    per = {"q4_q": ("self_attn.q_proj", c.q_dim), "q4_k": ("self_attn.k_proj", c.kv_dim),
+           "q4_v": ("self_attn.v_proj", c.kv_dim), "q4_o": ("self_attn.o_proj", c.hidden_size),
+           "q4_gate": ("mlp.gate_proj", c.intermediate_size), "q4_up": ("mlp.up_proj", c.intermediate_size),
+           "q4_down": ("mlp.down_proj", c.hidden_size)}
+    sd = {}
+    t = lambda a: torch.from_numpy(np.array(a, dtype=np.float32)).to(tdt)  # noqa: E731
+    emb = f.tensors["token_embed"]
+    sd["model.embed_tokens.weight"] = t(emb.dequantize())
+    sd["model.norm.weight"] = t(f.tensors["final_norm"].array()[0])
+    for name, (hfname, rows) in per.items():
+        ten = f.tensors[name]
+        bpr = ten.nbytes // ten.rows
+        for layer in range(L):
+            raw = ten.data[layer * rows * bpr:(layer + 1) * rows * bpr]
+            sd[f"model.layers.{layer}.{hfname}.weight"] = t(Q.dequantize(raw, ten.qtype, rows, ten.cols))
+    for vqf_name, hfname in (("attn_norm", "input_layernorm"), ("ffn_norm", "post_attention_layernorm"),
+                             ("q_norm", "self_attn.q_norm"), ("k_norm", "self_attn.k_norm")):
+        arr = f.tensors[vqf_name].array()
+        for layer in range(L):
+            sd[f"model.layers.{layer}.{hfname}.weight"] = t(arr[layer])
+    if not c.tie_word_embeddings:
+        sd["lm_head.weight"] = t(f.tensors["q4_lm"].dequantize())
+    model.load_state_dict(sd, strict=False, assign=True)
+    if c.tie_word_embeddings:
+        model.tie_weights()
+    # Buffers made on the meta device (RoPE's inv_freq) are not in the state dict: rebuild that module.
+    model.model.rotary_emb = type(model.model.rotary_emb)(config=hf)
+    model.eval()
+    del sd
+    ids = torch.tensor([prompt_ids(c.vocab_size, prompt_len)])
+    def step(inp, cache):
+        out = model(inp, cache=cache, use_cache=True) if cache is not None else model(inp, use_cache=True)
+        return out["cache"], out["logits"][:, -1:].argmax(-1)
+
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cache, tok = step(ids, None)
+        for _ in range(2):     # warm-up steps
+            cache, tok = step(tok, cache)
+        t0 = time.perf_counter()
+        for _ in range(decode_tokens):
+            cache, tok = step(tok, cache)
+        dt = time.perf_counter() - t0
+    f.close()
+    return {"dtype": dtype, "threads": threads, "decode_tok_s": decode_tokens / dt}
+
+
+_CHILD = r"""
+import json, sys, time
+t_start = time.time()
+from kestrel_lab.engine import Qwen3Engine
+import numpy as np
+t_import = time.time()
+eng = Qwen3Engine.from_vqf(sys.argv[1], max_context=64)
+t_load = time.time()
+tok = int(np.argmax(eng.prefill(list(range(1, 9)))))
+t_first = time.time()
+eng.decode(tok)
+t_decode = time.time()
+print(json.dumps({"t_start": t_start, "t_import": t_import, "t_load": t_load, "t_first": t_first,
+                  "t_decode": t_decode}))
+"""
+
+
+def cold_start(path, numba_cache: str | None = None) -> dict:
+    """A fresh Python process: start → import → load → first token (8-token prefill) → one decode step.
+
+    Times are wall-clock (``time.time``) so the parent can include the interpreter's own start-up.
+    ``numba_cache``: a folder for ``NUMBA_CACHE_DIR`` (an empty one measures the first compile).
+    Taught in day24_2.
+    """
+    env = dict(os.environ)
+    if numba_cache is not None:
+        env["NUMBA_CACHE_DIR"] = numba_cache
+    t0 = time.time()
+    p = subprocess.run([sys.executable, "-c", _CHILD, str(path)], env=env, capture_output=True, text=True)
+    if p.returncode:
+        raise RuntimeError(f"cold-start child failed:\n{p.stderr[-2000:]}")
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    return {"to_first_token_s": r["t_first"] - t0, "interpreter_s": r["t_start"] - t0,
+            "import_s": r["t_import"] - r["t_start"], "load_s": r["t_load"] - r["t_import"],
+            "prefill_s": r["t_first"] - r["t_load"], "first_decode_s": r["t_decode"] - r["t_first"],
+            "to_first_decode_s": r["t_decode"] - t0}
+
+
+# ------------------------------------------------------------------------------ the whole run
+def run(config_path=None, quant: str = "q4_0", threads: list[int] | None = None, with_torch: bool = True,
+        decode_tokens: int = DECODE_TOKENS, log=print) -> dict:
+    """All the figures of one bench run, as a dict (what ``--json`` prints). Taught in day29_1."""
+    from kestrel_lab.roofline import decode_ceiling, memory_bandwidth, resolve_threads
+
+    all_t = resolve_threads(None)
+    threads = sorted(set(threads or [1, all_t]))
+    t0 = time.perf_counter()
+    path = bench_vqf(config_path, quant, progress=False)
+    log(f"model: {path} ({path.stat().st_size / 1e6:.1f} MB, ready in {time.perf_counter() - t0:.1f} s)")
+    res = {"vqf": str(path), "quant": quant, "threads": threads, "engine": {}, "bandwidth": {},
+           "ceiling_tok_s": {}, "pct_of_ceiling": {}, "kernels_gbs": {}, "torch": {}}
+    log("compile: fresh process, empty numba cache …")
+    with tempfile.TemporaryDirectory(prefix="kestrel-numba-") as tmp:
+        res["first_compile"] = cold_start(path, numba_cache=tmp)
+    res["cold_start"] = cold_start(path)
+    for t in threads:
+        log(f"engine, {t} thread(s) …")
+        e = engine_speed(path, t, decode_tokens=decode_tokens)
+        res["engine"][t] = e
+        bw = memory_bandwidth(threads=t)
+        res["bandwidth"][t] = bw["read_gbs"]
+        ceil = decode_ceiling(e["weight_bytes_per_token"], bw["read_gbs"])
+        res["ceiling_tok_s"][t] = ceil
+        res["pct_of_ceiling"][t] = 100.0 * e["decode_tok_s"] / ceil
+        res["kernels_gbs"][t] = kernel_speeds(t)
+        if quant.lower() == "q4_0":
+            log(f"engine on a Q4_8X8L copy, {t} thread(s) …")
+            res.setdefault("engine_repacked", {})[t] = engine_speed(path, t, decode_tokens=decode_tokens, repack=True)
+    res["weight_bytes_per_token"] = res["engine"][threads[-1]]["weight_bytes_per_token"]
+    if with_torch:
+        try:
+            import torch  # noqa: F401
+            import transformers  # noqa: F401
+        except ImportError:
+            res["torch"] = {"skipped": "torch/transformers not installed"}
+        else:
+            for dt in ("fp32", "bf16"):
+                log(f"PyTorch {dt}, {threads[-1]} thread(s) …")
+                res["torch"][dt] = torch_speed(path, dt, threads[-1])["decode_tok_s"]
+    res["load_avg"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return res
+
+
+def format_table(res: dict) -> str:
+    """The printed report: one line per figure, ratios where they say something. Taught in day29_1."""
+    lines = [f"kestrel-lab bench — {Path(res['vqf']).name} ({res['quant']}), weights read per token "
+             f"{res['weight_bytes_per_token'] / 1e6:.1f} MB"]
+    hdr = f"{'':42s}" + "".join(f"{f'{t} thread' + ('s' if t > 1 else ''):>14s}" for t in res["threads"])
+    lines.append(hdr)
+
+    def row(label, vals, fmt):
+        lines.append(f"{label:42s}" + "".join(f"{fmt.format(v):>14s}" for v in vals))
+
+    ts = res["threads"]
+    row("decode tok/s", [res["engine"][t]["decode_tok_s"] for t in ts], "{:.1f}")
+    row("prefill tok/s (64-token prompt)", [res["engine"][t]["prefill_tok_s"] for t in ts], "{:.1f}")
+    if res.get("engine_repacked"):
+        rp = res["engine_repacked"]
+        row("decode tok/s, Q4_8X8L copy", [rp[t]["decode_tok_s"] for t in ts], "{:.1f}")
+        row("prefill tok/s, Q4_8X8L copy", [rp[t]["prefill_tok_s"] for t in ts], "{:.1f}")
+    row("memory read GB/s", [res["bandwidth"][t] for t in ts], "{:.1f}")
+    row("bandwidth ceiling tok/s", [res["ceiling_tok_s"][t] for t in ts], "{:.1f}")
+    row("decode % of ceiling", [res["pct_of_ceiling"][t] for t in ts], "{:.0f} %")
+    for k in res["kernels_gbs"][ts[0]]:
+        row(f"matvec GB/s: {k}", [res["kernels_gbs"][t][k] for t in ts], "{:.2f}")
+    e = res["engine"][ts[-1]]
+    rp = (res.get("engine_repacked") or {}).get(ts[-1])
+    lines.append(f"load {e['load_s']:.2f} s; weights {', '.join(e['weight_qtypes'])}"
+                 + (f"; the Q4_8X8L copy costs {rp['repack_s']:.2f} s at load" if rp else ""))
+    tr = res.get("torch") or {}
+    if "skipped" in tr:
+        lines.append(f"PyTorch: {tr['skipped']}")
+    for dt in ("fp32", "bf16"):
+        if dt in tr:
+            lines.append(f"PyTorch {dt} decode ({ts[-1]} threads): {tr[dt]:.2f} tok/s → engine is "
+                         f"{e['decode_tok_s'] / tr[dt]:.1f}× faster")
+    fc, cs = res["first_compile"], res["cold_start"]
+    lines.append(f"first compile (empty numba cache): start → first token {fc['to_first_token_s']:.1f} s, "
+                 f"→ first decode step {fc['to_first_decode_s']:.1f} s")
+    lines.append(f"cached cold start: start → first token {cs['to_first_token_s']:.2f} s (interpreter "
+                 f"{cs['interpreter_s']:.2f}, import {cs['import_s']:.2f}, load {cs['load_s']:.2f}, "
+                 f"8-token prefill {cs['prefill_s']:.2f})")
+    if res.get("load_avg"):
+        lines.append("machine load average (1/5/15 min) at the end: " + " / ".join(f"{v:.2f}" for v in res["load_avg"]))
+    return "\n".join(lines)
+
+
+def record(res: dict, runner: str) -> Path:
+    """Store the figures under data/measurements/RUNNER/day29_1.json. Taught in day29_1."""
+    from kestrel_lab.measure import Recorder
+
+    rec = Recorder("day29_1", runner, params={"vqf": Path(res["vqf"]).name, "quant": res["quant"],
+                                              "threads": res["threads"]})
+    for t in res["threads"]:
+        e = res["engine"][t]
+        rec.record(f"engine_decode_tok_s_{t}t", e["decode_tok_s"], "tok/s", f"engine decode, {t} thread(s), {res['quant']}")
+        rec.record(f"engine_prefill_tok_s_{t}t", e["prefill_tok_s"], "tok/s", f"engine prefill of 64 tokens, {t} thread(s)")
+        rp = (res.get("engine_repacked") or {}).get(t)
+        if rp:
+            rec.record(f"engine_decode_tok_s_8x8l_{t}t", rp["decode_tok_s"], "tok/s",
+                       f"engine decode from a Q4_8X8L copy, {t} thread(s)")
+            rec.record(f"engine_prefill_tok_s_8x8l_{t}t", rp["prefill_tok_s"], "tok/s",
+                       f"engine prefill of 64 tokens from a Q4_8X8L copy, {t} thread(s)")
+        rec.record(f"read_gbs_{t}t", res["bandwidth"][t], "GB/s", f"memory read bandwidth, {t} thread(s)")
+        rec.record(f"ceiling_tok_s_{t}t", res["ceiling_tok_s"][t], "tok/s", f"bandwidth-bound decode ceiling, {t} thread(s)")
+        rec.record(f"pct_of_ceiling_{t}t", res["pct_of_ceiling"][t], "%", f"engine decode as % of the ceiling, {t} thread(s)")
+        for k, v in res["kernels_gbs"][t].items():
+            key = k.split(" ")[0] + ("_naive" if "naive" in k else "_lanes" if "lanes" in k else "")
+            rec.record(f"matvec_gbs_{key}_{t}t", v, "GB/s", f"matvec {k}, 98304×1024, {t} thread(s)")
+    rec.record("weight_bytes_per_token", res["weight_bytes_per_token"], "B", "weight bytes one decode step reads")
+    for dt in ("fp32", "bf16"):
+        if dt in (res.get("torch") or {}):
+            rec.record(f"torch_{dt}_decode_tok_s", res["torch"][dt], "tok/s", f"transformers {dt} decode, same weights")
+    rec.record("first_compile_s", res["first_compile"]["to_first_token_s"], "s",
+               "fresh process, empty numba cache: start → first token")
+    rec.record("cold_start_s", res["cold_start"]["to_first_token_s"], "s",
+               "fresh process, numba cache warm: start → first token")
+    return rec.save()
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``kestrel-lab bench`` to the command line. Taught in day29_1."""
+    p = sub.add_parser("bench", help="engine decode/prefill tok/s vs the bandwidth ceiling and PyTorch")
+    p.add_argument("--config", default=None, help=f"HF config.json (default data/configs/{DEFAULT_CONFIG})")
+    p.add_argument("--quant", default="q4_0", choices=["q4_0", "q4_8x8l", "q8_0", "f16"],
+                   help="weight format of the random model (default q4_0)")
+    p.add_argument("--threads", default=None, help="comma-separated thread counts (default: 1 and all)")
+    p.add_argument("--decode-tokens", type=int, default=DECODE_TOKENS, help="decode steps timed (default 32)")
+    p.add_argument("--torch", dest="torch", action=argparse.BooleanOptionalAction, default=True,
+                   help="also time transformers fp32 and bf16 (default: on when installed)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--record", metavar="RUNNER", help="record the figures as day29_1 for RUNNER")
+    p.set_defaults(func=_main)
+
+
+def _main(args) -> int:
+    threads = [int(t) for t in args.threads.split(",")] if args.threads else None
+    log = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
+    res = run(args.config, args.quant, threads, args.torch, args.decode_tokens, log=log)
+    if args.json:
+        print(json.dumps(res, indent=1, default=str))
+    else:
+        print(format_table(res))
+    if args.record:
+        print(f"recorded {record(res, args.record)}", file=sys.stderr if args.json else sys.stdout)
+    return 0

@@ -1,0 +1,424 @@
+"""The Qwen3 dense model on top of the kernels: load a VQF file, prefill, decode, return logits.
+
+One layer (day12_1), exactly as ``transformers``' ``Qwen3DecoderLayer``::
+
+    x = RMSNorm(h) · attn_norm
+    q, k, v = Wq x, Wk x, Wv x          (q: heads × D, k/v: kv_heads × D)
+    q, k = RMSNorm_per_head(q)·q_norm, RMSNorm_per_head(k)·k_norm      ← Qwen3's addition
+    q, k = RoPE(q, pos), RoPE(k, pos)   (rotate-half, theta from the config)
+    cache[pos] = k, v ;  o = GQA-attention(q, cache[0..pos])
+    h = h + Wo o
+    x = RMSNorm(h) · ffn_norm ;  h = h + Wdown (silu(Wgate x) · Wup x)
+
+then ``logits = Wlm · RMSNorm(h)·final_norm`` (``q4_lm``; for tied embeddings the VQF stores the
+quantized copy of the embedding there, so the lm head is always one matrix read).
+
+Weights stay where the file put them: ``open_vqf`` maps the file and every matrix is a read-only
+numpy view of the mapping (zero copy; pages come from the OS page cache on first touch, which is why
+a second start is fast). Every format is used in place: plain Q4_0 by the 16-lane kernel,
+Q4_8X8L (``--quant q4_8x8l``) by the 64-lane one. ``repack=True`` is the one exception, stated
+plainly: it copies a plain Q4_0 file's matrices into Q4_8X8L in anonymous memory at load (a copy of
+the Q4 weights, a fraction of a second). Measured on the course machine, the 8-row layout makes the
+batched prefill faster (~1.5×) and decode slower (~0.7×) than the plain layout with lane
+accumulators, so the default keeps the file as it is; ``kestrel-lab bench`` shows both kernels.
+
+Activations are float32. For F32/F16 weights the matvecs are float dot products (this is the path
+that matches PyTorch to ~1e-6); for Q8_0/Q4_0 weights each activation vector is quantized to Q8_0
+once and shared by the matrices that read it (q/k/v; gate/up).
+Taught in day12_1, day12_2 (the whole model, tied lm head), day11_2 (decode step) and day17_3 (mmap).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from kestrel_lab import quant as Q
+from kestrel_lab.config import ModelConfig
+from kestrel_lab.engine import kernels as K
+from kestrel_lab.engine.attention import attend
+from kestrel_lab.engine.kv import ContextFullError, KVCache
+from kestrel_lab.engine.rope import apply_rope, rope_cos_sin
+
+TEXT_TENSORS = ("token_embed", "final_norm", "attn_norm", "ffn_norm", "q_norm", "k_norm",
+                "q4_q", "q4_k", "q4_v", "q4_o", "q4_gate", "q4_up", "q4_down", "q4_lm")
+MATRICES = ("q4_q", "q4_k", "q4_v", "q4_o", "q4_gate", "q4_up", "q4_down")
+PREFILL_CHUNK = 64  # tokens per batched forward: bounds the expanded activations and accumulators
+
+
+@dataclass
+class RawTensor:
+    """A tensor given as bytes (qtype, rows, cols, flat uint8): what a VQF directory entry points at.
+
+    ``from_tensors`` accepts any object with these four attributes (the VQF reader's ``VQFTensor``
+    has them), so tests and notebooks can run the engine on weights built in memory. Taught in day12_2.
+    """
+    qtype: int
+    rows: int
+    cols: int
+    data: np.ndarray
+
+
+class Linear:
+    """One weight matrix (or one layer's slice of a stacked one) in its storage format.
+
+    ``__call__(act)`` returns ``act.x @ W.T`` as float32 (T, rows), choosing the kernel by format and
+    by T (matvec for one token, matmul for many). Taught in day12_1.
+    """
+
+    def __init__(self, qtype: int, rows: int, cols: int, data: np.ndarray, name: str = ""):
+        self.qt = Q.qtype(qtype)
+        self.rows, self.cols, self.name = rows, cols, name
+        self.nbytes = int(data.size)
+        q = self.qt
+        if q is Q.F32:
+            self.w = data.view("<f4").reshape(rows, cols)
+        elif q is Q.F16:
+            self.w = data.view("<u2").reshape(rows, cols)
+        elif q is Q.Q4_8X8L:
+            self.w = data.reshape(-1)
+        else:
+            self.w = data.reshape(rows, self.nbytes // rows)
+        if self.w.flags.writeable:          # one numba specialization for mmap and in-memory weights
+            self.w = self.w.view()
+            self.w.setflags(write=False)
+
+    def __call__(self, act: "Activation") -> np.ndarray:
+        T = act.x.shape[0]
+        out = np.empty((T, self.rows), dtype=np.float32)
+        q, lut = self.qt, K.F16_TO_F32
+        nch = K.n_chunks(self.rows // 8 if q is Q.Q4_8X8L else self.rows)
+        if q is Q.F32:
+            if T == 1:
+                K.matvec_f32(self.w, act.x[0], out[0], nch)
+            else:
+                np.matmul(act.x, self.w.T, out=out)
+        elif q is Q.F16:
+            if T == 1:
+                K.matvec_f16(self.w, act.x[0], lut, out[0], nch)
+            else:
+                K.matmul_rows_f16(self.w, act.x, lut, out, nch)
+        elif q is Q.Q8_0:
+            xq, xd = act.q8()
+            wi = self.w.view(np.int8)
+            (K.matvec_q8_0(self.w, wi, xq, xd, lut, out[0], nch) if T == 1
+             else K.matmul_rows_q8_0(self.w, wi, xq, xd, lut, out, nch))
+        elif q is Q.Q4_0:
+            xq, xd = act.q8()
+            (K.matvec_q4_0(self.w, xq, xd, lut, out[0], nch) if T == 1
+             else K.matmul_rows_q4_0(self.w, xq, xd, lut, out, nch))
+        else:
+            xe, xd = act.x8x8()
+            (K.matvec_q4_8x8l(self.w, xe, xd, lut, out[0], nch) if T == 1
+             else K.matmul_q4_8x8l(self.w, xe, xd, lut, out, nch))
+        return out
+
+
+class Activation:
+    """Activations (T, K) float32 and, computed on first use, their Q8_0 and Q4_8X8L-lane forms.
+
+    Several matrices read the same vector (q/k/v; gate/up), so it is quantized once. Taught in day05_3.
+    """
+
+    def __init__(self, x: np.ndarray):
+        self.x = np.ascontiguousarray(x, dtype=np.float32)
+        self._q8 = None
+        self._e = None
+
+    def q8(self):
+        """(int8 values, float32 scales) of the Q8_0 form, computed once. Taught in day05_3."""
+        if self._q8 is None:
+            T, Kd = self.x.shape
+            xq = np.empty((T, Kd), np.int8)
+            xd = np.empty((T, Kd // K.QK), np.float32)
+            K.quantize_act(self.x, xq, xd)
+            self._q8 = (xq, xd)
+        return self._q8
+
+    def x8x8(self):
+        """(int16 lane planes, scales) for the Q4_8X8L kernels, computed once. Taught in day06_2."""
+        if self._e is None:
+            xq, xd = self.q8()
+            T, Kd = xq.shape
+            xe = np.empty((T, Kd // K.QK, 5, 64), np.int16)
+            K.expand_act_8x8(xq, xe)
+            self._e = (xe, xd)
+        return self._e
+
+
+def _fusable(a: "Activation", *mats: Linear) -> bool:
+    """One token and every matrix in the same Q4 format: the fused decode kernels apply."""
+    return (a.x.shape[0] == 1 and mats[0].qt in (Q.Q4_0, Q.Q4_8X8L)
+            and all(m.qt is mats[0].qt for m in mats))
+
+
+def _qkv(m: dict, a: "Activation"):
+    """Q, K and V of one layer: one fused parallel region for a decode step on Q4 weights."""
+    wq, wk, wv = m["q4_q"], m["q4_k"], m["q4_v"]
+    if not _fusable(a, wq, wk, wv):
+        return wq(a), wk(a), wv(a)
+    q = np.empty((1, wq.rows), np.float32)
+    k = np.empty((1, wk.rows), np.float32)
+    v = np.empty((1, wv.rows), np.float32)
+    if wq.qt is Q.Q4_0:
+        xq, xd = a.q8()
+        K.matvec3_q4_0(wq.w, wk.w, wv.w, xq, xd, K.F16_TO_F32, q[0], k[0], v[0],
+                       K.n_chunks(wq.rows + wk.rows + wv.rows))
+    else:
+        xe, xd = a.x8x8()
+        K.matvec3_q4_8x8l(wq.w, wk.w, wv.w, xe, xd, K.F16_TO_F32, q[0], k[0], v[0],
+                          K.n_chunks((wq.rows + wk.rows + wv.rows) // 8))
+    return q, k, v
+
+
+def _swiglu(m: dict, a: "Activation") -> np.ndarray:
+    """silu(Wgate x) · (Wup x): fused into one pass for a decode step on Q4 weights."""
+    wg, wu = m["q4_gate"], m["q4_up"]
+    if not _fusable(a, wg, wu):
+        g, u = wg(a), wu(a)
+        K.silu_mul(g, u, g)
+        return g
+    out = np.empty((1, wg.rows), np.float32)
+    if wg.qt is Q.Q4_0:
+        xq, xd = a.q8()
+        K.matvec_swiglu_q4_0(wg.w, wu.w, xq, xd, K.F16_TO_F32, out[0], K.n_chunks(wg.rows))
+    else:
+        xe, xd = a.x8x8()
+        K.matvec_swiglu_q4_8x8l(wg.w, wu.w, xe, xd, K.F16_TO_F32, out[0], K.n_chunks(wg.rows // 8))
+    return out
+
+
+def _rows_slice(t, r0: int, r1: int) -> np.ndarray:
+    """Bytes of rows [r0, r1) of a stacked tensor (contiguous in every qtype; Q4_8X8L in 8-row steps)."""
+    bpr = t.data.size // t.rows
+    return t.data.reshape(-1)[r0 * bpr:r1 * bpr]
+
+
+class Qwen3Engine:
+    """A Qwen3 dense model (or the text tower of Qwen3-VL) ready to prefill and decode.
+
+    ``prefill(ids)`` → logits after the last id; ``decode(id)`` → logits of one step;
+    ``forward_all(ids)`` → logits of every position; ``truncate``/``reset`` manage the KV cache;
+    ``stats`` accumulates timings. Taught in day12_2.
+    """
+
+    def __init__(self, config: ModelConfig, tensors, *, max_context: int = 4096, threads: int | None = None,
+                 repack: bool = False, source: str = "<tensors>", keepalive=None):
+        from kestrel_lab.roofline import resolve_threads
+
+        if config.arch not in ("qwen3", "qwen3_vl"):
+            raise ValueError(f"{source}: arch {config.arch!r} is not a dense Qwen3 (this engine runs qwen3 and "
+                             f"the text tower of qwen3_vl)")
+        self.config = config
+        self.source = source
+        self._keepalive = keepalive      # the mapped file must outlive the views
+        self.threads = resolve_threads(threads)
+        c = config
+        L, h, hd = c.num_hidden_layers, c.hidden_size, c.head_dim
+        want = {
+            "token_embed": (c.vocab_size, h), "final_norm": (1, h), "attn_norm": (L, h), "ffn_norm": (L, h),
+            "q_norm": (L, hd), "k_norm": (L, hd), "q4_q": (L * c.q_dim, h), "q4_k": (L * c.kv_dim, h),
+            "q4_v": (L * c.kv_dim, h), "q4_o": (L * h, c.q_dim), "q4_gate": (L * c.intermediate_size, h),
+            "q4_up": (L * c.intermediate_size, h), "q4_down": (L * h, c.intermediate_size),
+            "q4_lm": (c.vocab_size, h),
+        }
+        for name, shape in want.items():
+            if name not in tensors:
+                raise ValueError(f"{source}: tensor {name!r} is missing (a dense Qwen3 needs {', '.join(TEXT_TENSORS)})")
+            t = tensors[name]
+            if (t.rows, t.cols) != shape:
+                raise ValueError(f"{source}: tensor {name!r} is {t.rows}×{t.cols}, the config needs {shape[0]}×{shape[1]}")
+        for name in ("final_norm", "attn_norm", "ffn_norm", "q_norm", "k_norm"):
+            if tensors[name].qtype != Q.F32.id:
+                raise ValueError(f"{source}: tensor {name!r} has qtype {Q.qtype(tensors[name].qtype).name}, expected F32")
+        emb = tensors["token_embed"]
+        if emb.qtype not in (Q.F32.id, Q.F16.id):
+            raise ValueError(f"{source}: tensor 'token_embed' has qtype {Q.qtype(emb.qtype).name}, expected F16 or F32")
+
+        def f32(name):
+            t = tensors[name]
+            return t.data.view("<f4").reshape(t.rows, t.cols)
+
+        self.final_norm = f32("final_norm")[0]
+        self.attn_norm, self.ffn_norm = f32("attn_norm"), f32("ffn_norm")
+        self.q_norm, self.k_norm = f32("q_norm"), f32("k_norm")
+        self.embed_qtype = emb.qtype
+        self.embed = emb.data.view("<f4" if emb.qtype == Q.F32.id else "<u2").reshape(emb.rows, emb.cols)
+
+        self.repack_seconds = 0.0
+        self.repacked_bytes = 0
+        stacked = {}
+        for name in MATRICES + ("q4_lm",):
+            t = tensors[name]
+            if repack and t.qtype == Q.Q4_0.id and t.rows % 8 == 0:
+                t0 = time.perf_counter()
+                src = t.data.reshape(t.rows, t.data.size // t.rows)
+                dst = np.empty(t.data.size, np.uint8)
+                K.repack_q4_0_to_8x8l(src, dst, K.n_chunks(t.rows // 8))
+                self.repack_seconds += time.perf_counter() - t0
+                self.repacked_bytes += dst.size
+                t = RawTensor(Q.Q4_8X8L.id, t.rows, t.cols, dst)
+            stacked[name] = t
+        per_layer = {"q4_q": c.q_dim, "q4_k": c.kv_dim, "q4_v": c.kv_dim, "q4_o": h,
+                     "q4_gate": c.intermediate_size, "q4_up": c.intermediate_size, "q4_down": h}
+        self.layers = []
+        for layer in range(L):
+            mats = {}
+            for name, rows in per_layer.items():
+                t = stacked[name]
+                mats[name] = Linear(t.qtype, rows, t.cols, _rows_slice(t, layer * rows, (layer + 1) * rows),
+                                    f"{name}[{layer}]")
+            self.layers.append(mats)
+        t = stacked["q4_lm"]
+        self.lm_head = Linear(t.qtype, t.rows, t.cols, t.data.reshape(-1), "q4_lm")
+        self.weight_qtypes = {name: Q.qtype(stacked[name].qtype).name for name in stacked}
+
+        self.max_context = int(min(max_context, c.max_position_embeddings))
+        self.cache = KVCache(L, c.num_key_value_heads, hd, self.max_context)
+        self._cos, self._sin = rope_cos_sin(np.arange(self.max_context), hd, c.rope_theta)
+        self.stats = {"prefill_s": 0.0, "prefill_tokens": 0, "decode_s": 0.0, "decode_tokens": 0}
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_vqf(cls, path, max_context: int = 4096, threads: int | None = None, repack: bool = False) -> "Qwen3Engine":
+        """Open a VQF file (mmap, zero copy) and build the engine on it. Taught in day17_3."""
+        from kestrel_lab.vqf.reader import open_vqf
+
+        f = open_vqf(path)
+        return cls(f.config, f.tensors, max_context=max_context, threads=threads, repack=repack,
+                   source=str(os.fspath(path)), keepalive=f)
+
+    @classmethod
+    def from_tensors(cls, config: ModelConfig, tensors: dict, **kw) -> "Qwen3Engine":
+        """Build from a mapping name → tensor (``RawTensor`` or anything with qtype/rows/cols/data).
+
+        Taught in day12_2.
+        """
+        return cls(config, tensors, **kw)
+
+    # ------------------------------------------------------------------ facts
+    @property
+    def pos(self) -> int:
+        """Tokens currently in the KV cache. Taught in day11_1."""
+        return self.cache.pos
+
+    @property
+    def weight_bytes_per_token(self) -> int:
+        """Bytes of weights one decode step reads: every matrix, the lm head, the norms, one embedding row.
+
+        Taught in day07_3.
+        """
+        c = self.config
+        mats = sum(m.nbytes for layer in self.layers for m in layer.values()) + self.lm_head.nbytes
+        norms = 4 * (c.num_hidden_layers * (2 * c.hidden_size + 2 * c.head_dim) + c.hidden_size)
+        return int(mats + norms + self.embed.itemsize * c.hidden_size)
+
+    def reset(self) -> None:
+        """Empty the KV cache. Taught in day11_1."""
+        self.cache.reset()
+
+    def truncate(self, pos: int) -> None:
+        """Drop cache entries at positions ≥ ``pos`` (multi-turn reuse of a common prefix). Taught in day14_2."""
+        self.cache.truncate(pos)
+
+    # ------------------------------------------------------------------ public steps
+    def prefill(self, ids) -> np.ndarray:
+        """Run ``ids`` through the model from the current position; logits after the last one (float32).
+
+        Batched: up to 64 tokens per forward, every matrix applied as a matmul. Taught in day10_3.
+        """
+        ids = self._check_ids(ids)
+        if ids.size == 0:
+            raise ValueError("prefill() needs at least one token id")
+        t0 = time.perf_counter()
+        logits = None
+        for s in range(0, ids.size, PREFILL_CHUNK):
+            logits = self._forward(ids[s:s + PREFILL_CHUNK], last_only=True)
+        self.stats["prefill_s"] += time.perf_counter() - t0
+        self.stats["prefill_tokens"] += int(ids.size)
+        return logits[-1]
+
+    def decode(self, token_id: int) -> np.ndarray:
+        """One decode step: feed ``token_id`` at position ``pos``; logits for the next token (float32).
+
+        Taught in day11_2.
+        """
+        ids = self._check_ids([token_id])
+        t0 = time.perf_counter()
+        logits = self._forward(ids, last_only=True)[0]
+        self.stats["decode_s"] += time.perf_counter() - t0
+        self.stats["decode_tokens"] += 1
+        return logits
+
+    def forward_all(self, ids) -> np.ndarray:
+        """Logits (len(ids), vocab) of every position, from the current ``pos`` (tests, perplexity).
+
+        Taught in day12_3.
+        """
+        ids = self._check_ids(ids)
+        out = [self._forward(ids[s:s + PREFILL_CHUNK], last_only=False) for s in range(0, ids.size, PREFILL_CHUNK)]
+        return np.concatenate(out, axis=0) if out else np.zeros((0, self.config.vocab_size), np.float32)
+
+    # ------------------------------------------------------------------ internals
+    def _check_ids(self, ids) -> np.ndarray:
+        arr = np.asarray(ids)
+        if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+            raise ValueError(f"token ids must be a 1-D sequence of integers, got {arr.dtype} shape {arr.shape}")
+        arr = arr.astype(np.int64)
+        bad = (arr < 0) | (arr >= self.config.vocab_size)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ValueError(f"token id {int(arr[i])} at index {i} is outside the vocabulary [0, {self.config.vocab_size})")
+        self.cache.check_room(arr.size)
+        return arr
+
+    def _embed(self, ids: np.ndarray) -> np.ndarray:
+        if self.embed_qtype == Q.F16.id:
+            out = np.empty((ids.size, self.config.hidden_size), np.float32)
+            K.embed_f16(self.embed, ids, K.F16_TO_F32, out)
+            return out
+        return np.array(self.embed[ids], dtype=np.float32)
+
+    def _forward(self, ids: np.ndarray, last_only: bool) -> np.ndarray:
+        c = self.config
+        T = ids.size
+        H, KVH, D = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        eps = np.float32(c.rms_norm_eps)
+        pos0 = self.cache.pos
+        cos, sin = self._cos[pos0:pos0 + T], self._sin[pos0:pos0 + T]
+        prev = numba.get_num_threads()
+        numba.set_num_threads(self.threads)
+        try:
+            h = self._embed(ids)
+            x = np.empty_like(h)
+            o = np.empty((T, H, D), np.float32)
+            for layer, m in enumerate(self.layers):
+                K.rmsnorm(h, self.attn_norm[layer], eps, x)
+                a = Activation(x)
+                q, k, v = _qkv(m, a)
+                q, k, v = q.reshape(T, H, D), k.reshape(T, KVH, D), v.reshape(T, KVH, D)
+                K.rmsnorm_heads(q, self.q_norm[layer], eps)
+                K.rmsnorm_heads(k, self.k_norm[layer], eps)
+                apply_rope(q, cos, sin)
+                apply_rope(k, cos, sin)
+                kc, vc = self.cache.k[layer], self.cache.v[layer]
+                kc[:, pos0:pos0 + T, :] = k.transpose(1, 0, 2)
+                vc[:, pos0:pos0 + T, :] = v.transpose(1, 0, 2)
+                attend(q, kc, vc, pos0, o)
+                h += m["q4_o"](Activation(o.reshape(T, H * D)))
+                K.rmsnorm(h, self.ffn_norm[layer], eps, x)
+                g = _swiglu(m, Activation(x))
+                h += m["q4_down"](Activation(g))
+            self.cache.pos = pos0 + T
+            hs = h[-1:] if last_only else h
+            hn = np.empty_like(hs)
+            K.rmsnorm(hs, self.final_norm, eps, hn)
+            return self.lm_head(Activation(hn))
+        finally:
+            numba.set_num_threads(prev)
+
+
+__all__ = ["Qwen3Engine", "RawTensor", "Linear", "Activation", "ContextFullError"]

@@ -1,0 +1,47 @@
+"""The bench's plumbing on a small config (speed itself is printed by `kestrel-lab bench`, never asserted)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from kestrel_lab.engine import Qwen3Engine
+from kestrel_lab.engine import bench as B
+from kestrel_lab.roofline import weights_read_per_token
+
+SMALL = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 64,
+         "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "head_dim": 16, "rms_norm_eps": 1e-6, "rope_theta": 1e6, "max_position_embeddings": 256,
+         "vocab_size": 1024, "tie_word_embeddings": True}
+
+
+def test_bench_model_engine_speed_and_table(tmp_path, monkeypatch):
+    monkeypatch.setenv("KESTREL_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = tmp_path / "small.config.json"
+    cfg.write_text(json.dumps(SMALL))
+    path = B.bench_vqf(cfg, "q4_0")
+    assert path.name == "small-q4_0-seed0.vqf" and B.bench_vqf(cfg, "q4_0") == path   # cached
+    eng = Qwen3Engine.from_vqf(path, max_context=64)
+    # a decode step reads what roofline's formula says (plus one F16 embedding row)
+    assert eng.weight_bytes_per_token == weights_read_per_token(SMALL)["total"] + 2 * SMALL["hidden_size"]
+    speed = B.engine_speed(path, 1, prompt_len=8, decode_tokens=3)
+    assert speed["prefill_tok_s"] > 0 and speed["decode_tok_s"] > 0 and speed["weight_qtypes"] == ["Q4_0"]
+    k = B.kernel_speeds(1, rows=512, cols=256, repeat=1)
+    assert set(k) == {"q4_0 naive (block by block)", "q4_0 lanes", "q8_0 lanes", "q4_8x8l"}
+    res = {"vqf": str(path), "quant": "q4_0", "threads": [1], "engine": {1: speed}, "bandwidth": {1: 10.0},
+           "ceiling_tok_s": {1: 100.0}, "pct_of_ceiling": {1: 50.0}, "kernels_gbs": {1: k},
+           "torch": {"fp32": 2.0}, "weight_bytes_per_token": speed["weight_bytes_per_token"],
+           "first_compile": {"to_first_token_s": 30.0, "to_first_decode_s": 31.0},
+           "cold_start": {"to_first_token_s": 1.0, "interpreter_s": 0.1, "import_s": 0.3, "load_s": 0.2,
+                          "prefill_s": 0.4}, "load_avg": (0.5, 0.5, 0.5)}
+    table = B.format_table(res)
+    assert "decode % of ceiling" in table and "50 %" in table and "PyTorch fp32" in table
+    assert np.isfinite(speed["decode_ms_median"])
+
+
+def test_cold_start_child_reaches_first_token(tmp_path, monkeypatch):
+    monkeypatch.setenv("KESTREL_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = tmp_path / "small.config.json"
+    cfg.write_text(json.dumps(SMALL))
+    r = B.cold_start(B.bench_vqf(cfg, "q4_8x8l"))
+    assert 0 < r["interpreter_s"] < r["to_first_token_s"] < r["to_first_decode_s"]
