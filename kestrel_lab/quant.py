@@ -99,8 +99,14 @@ def _as_blocks(x: np.ndarray) -> np.ndarray:
 
 
 def _roundf(x: np.ndarray) -> np.ndarray:
-    """C's roundf: half away from zero (numpy's round is half to even)."""
-    return np.sign(x) * np.floor(np.abs(x) + np.float32(0.5))
+    """C's roundf: half away from zero (numpy's round is half to even).
+
+    Not ``floor(|x| + 0.5)``: for |x| = 0.49999997 the float32 sum rounds up to 1.0. Adding the
+    doubled fraction's floor to the integer part is exact.
+    """
+    a = np.abs(x)
+    whole = np.floor(a)
+    return np.sign(x) * (whole + np.floor(np.float32(2) * (a - whole)))
 
 
 # ----------------------------------------------------------------------------- Q8_0

@@ -62,3 +62,18 @@ def test_notebook_follows_conventions(nb_id):
     assert re.search(rf"Recorder\(\s*[\"']{nb_id}[\"']", source), f"{path.name}: records as {nb_id}"
     assert "rec.save()" in source and re.search(rf"compare\(\s*[\"']{nb_id}[\"']", source), \
         f"{path.name}: ends with rec.save() and measure.compare('{nb_id}')"
+
+
+@pytest.mark.parametrize("nb_id", sorted(NOTEBOOKS))
+def test_papermill_sees_every_parameter(nb_id):
+    """`kestrel-lab rerun -p NAME VALUE` relies on papermill reading the parameters cell: a line it
+    cannot parse (e.g. a comment containing '=') makes the parameter invisible to it."""
+    import papermill
+
+    path = REPO_ROOT / NOTEBOOKS[nb_id]
+    nb = nbformat.read(path, as_version=4)
+    cell = next(c for c in nb.cells if c.cell_type == "code")
+    names = {t.id for node in ast.parse(cell.source).body if isinstance(node, ast.Assign)
+             for t in node.targets if isinstance(t, ast.Name)}
+    assert set(papermill.inspect_notebook(str(path))) == names, \
+        f"{path.name}: papermill cannot parse some parameter lines (no '=' inside their comments)"

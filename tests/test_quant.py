@@ -146,3 +146,15 @@ def test_bf16_against_torch():
     bits = t.view(torch.int16).numpy().view(np.uint16)
     np.testing.assert_array_equal(Q.f32_to_bf16(x), bits)
     np.testing.assert_array_equal(Q.bf16_to_f32(bits), t.to(torch.float32).numpy())
+
+
+def test_q8_0_rounds_just_below_one_half_down_like_c_roundf():
+    """0.49999997 + 0.5 is 1.0 in float32: a floor(|x| + 0.5) rounding would give 1, C's roundf 0."""
+    from gguf import GGMLQuantizationType, quants
+
+    below_half = np.nextafter(np.float32(0.5), np.float32(0))
+    block = np.zeros((1, 32), dtype=np.float32)
+    block[0, 0], block[0, 1], block[0, 2] = 127, below_half, -below_half
+    ours = Q.quantize_q8_0(block)
+    assert np.array_equal(ours, quants.quantize(block, GGMLQuantizationType.Q8_0))
+    assert ours[0, 3] == 0 and ours[0, 4] == 0
