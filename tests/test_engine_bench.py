@@ -27,8 +27,12 @@ def test_bench_model_engine_speed_and_table(tmp_path, monkeypatch):
     speed = B.engine_speed(path, 1, prompt_len=8, decode_tokens=3)
     assert speed["prefill_tok_s"] > 0 and speed["decode_tok_s"] > 0 and speed["weight_qtypes"] == ["Q4_0"]
     k = B.kernel_speeds(1, rows=512, cols=256, repeat=1)
-    assert set(k) == {"q4_0 naive (block by block)", "q4_0 lanes", "q8_0 lanes", "q4_8x8l"}
-    res = {"vqf": str(path), "quant": "q4_0", "threads": [1], "engine": {1: speed}, "bandwidth": {1: 10.0},
+    assert set(k) == {"q4_0 naive (block by block)", "q4_0 lanes", "q8_0 lanes", "q4_8x8l",
+                      "q4_0 r32 (32 rows interleaved)"}
+    plain = B.engine_speed(path, 1, prompt_len=8, decode_tokens=2, interleave=False)
+    assert speed["repack_s"] > 0 and plain["repack_s"] == 0     # the row-interleaved copy is made at load
+    res = {"vqf": str(path), "quant": "q4_0", "threads": [1], "engine": {1: speed}, "engine_plain": {1: plain},
+           "bandwidth": {1: 10.0},
            "ceiling_tok_s": {1: 100.0}, "pct_of_ceiling": {1: 50.0}, "kernels_gbs": {1: k},
            "torch": {"fp32": 2.0}, "weight_bytes_per_token": speed["weight_bytes_per_token"],
            "first_compile": {"to_first_token_s": 30.0, "to_first_decode_s": 31.0},
@@ -36,6 +40,7 @@ def test_bench_model_engine_speed_and_table(tmp_path, monkeypatch):
                           "prefill_s": 0.4}, "load_avg": (0.5, 0.5, 0.5)}
     table = B.format_table(res)
     assert "decode % of ceiling" in table and "50 %" in table and "PyTorch fp32" in table
+    assert "file layout (16-lane kernel)" in table and "row-interleaved at load" in table
     assert np.isfinite(speed["decode_ms_median"])
 
 

@@ -108,6 +108,69 @@ def test_block_matvec_and_matmul_equal_dequantized_math(mat, fmt):
     assert np.abs(outT - ref).max() <= tol
 
 
+def _r32(qbytes, rows, cols):
+    """Split + row-interleave plain Q4_0 bytes with the kernel; check the layout against numpy."""
+    nb = cols // 32
+    nib = np.empty((rows // K.QR, nb * 16 * K.QR), np.uint8)
+    sc = np.empty((rows // K.QR, nb * K.QR), np.uint16)
+    K.repack_q4_0_to_r32(ro(qbytes.reshape(rows, -1)), nib, sc, 3)
+    blocks = qbytes.reshape(rows // K.QR, K.QR, nb, 18)                     # (group, row, block, byte)
+    want_sc = blocks[..., :2].copy().view(np.uint16)[..., 0].transpose(0, 2, 1)  # (group, block, row)
+    want_nib = blocks[..., 2:].transpose(0, 2, 3, 1)                           # (group, block, column, row)
+    np.testing.assert_array_equal(sc, want_sc.reshape(sc.shape))
+    np.testing.assert_array_equal(nib, want_nib.reshape(nib.shape))
+    return ro(nib), ro(sc)
+
+
+def test_row_interleaved_q4_0_kernels_equal_dequantized_math():
+    """The decode layout: matvec, the fused Q/K/V and SwiGLU kernels and the batched matmul."""
+    rng = np.random.default_rng(5)
+    rows, cols, T = 96, 320, 4
+    x = (rng.standard_normal((T, cols)) * 3).astype(np.float32)
+    x[0, 64:96] = 0.0                                   # an all-zero activation block
+    xq = np.empty((T, cols), np.int8)
+    xd = np.empty((T, cols // 32), np.float32)
+    K.quantize_act(x, xq, xd)
+    xc = np.empty(xd.shape, np.int16)
+    K.act_block_sums(xq, xc)
+    np.testing.assert_array_equal(xc, -8 * xq.reshape(T, -1, 32).astype(np.int32).sum(-1))
+    xdeq = Q.dequantize_q8_0(Q.quantize_q8_0(x), T, cols).astype(np.float64)
+    mats, planes, refs = [], [], []
+    for i in range(3):
+        w = rng.standard_normal((rows, cols)).astype(np.float32)
+        w[5, :] = 0.0                                   # an all-zero row (scale 0)
+        w[7, 32:64] = 100.0                             # a block at the extremes of the nibble range
+        w[7, 40] = -120.0
+        qb = Q.quantize_q4_0(w)
+        mats.append(qb)
+        planes.append(_r32(qb, rows, cols))
+        refs.append(xdeq @ Q.dequantize(qb.reshape(-1), "q4_0", rows, cols).astype(np.float64).T)
+    tol = [1e-5 * np.abs(r).max() for r in refs]
+    out = np.empty(rows, np.float32)
+    outT = np.empty((T, rows), np.float32)
+    for (nib, sc), ref, t in zip(planes, refs, tol):
+        for nch in (1, 2, 5):
+            K.matvec_q4_r32(nib, sc, xq[:1], xc[:1], xd[:1], out, nch)
+            assert np.abs(out - ref[0]).max() <= t
+        K.matmul_q4_r32(nib, sc, xq, xc, xd, outT, 3)
+        assert np.abs(outT - ref).max() <= t
+    # Integer dots are exact, so the row-interleaved kernel and the plain 16-lane one differ only by
+    # the order of the float additions over blocks.
+    plain = np.empty(rows, np.float32)
+    K.matvec_q4_0(ro(mats[0]), xq[:1], xd[:1], LUT, plain, 2)
+    K.matvec_q4_r32(*planes[0], xq[:1], xc[:1], xd[:1], out, 2)
+    np.testing.assert_allclose(out, plain, rtol=1e-5, atol=1e-6 * np.abs(plain).max())
+    qo, ko, vo = (np.empty(rows, np.float32) for _ in range(3))
+    (na, sa), (nb_, sb), (nc, scc) = planes
+    K.matvec3_q4_r32(na, sa, nb_, sb, nc, scc, xq[:1], xc[:1], xd[:1], qo, ko, vo, 4)
+    for o, ref, t in zip((qo, ko, vo), refs, tol):
+        assert np.abs(o - ref[0]).max() <= t
+    K.matvec_swiglu_q4_r32(na, sa, nb_, sb, xq[:1], xc[:1], xd[:1], out, 4)
+    with np.errstate(over="ignore"):                   # e^-gate overflows to inf for very negative gates: silu → -0
+        want = qo / (np.float32(1) + np.exp(-qo)) * ko    # the same float32 math on the same dots
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
+
+
 def test_result_does_not_depend_on_thread_chunks(mat):
     w, x, xq, xd, xe, _ = mat
     packed = ro(Q.repack_q4_8x8l(Q.quantize_q4_0(w), *w.shape))
@@ -209,3 +272,47 @@ def test_asm_summary_sees_packed_integer_code(mat):
     mnemonics = dict(s["top"])
     assert s["instructions"] > 100 and s["ymm"] + s["zmm"] > 0
     assert any(m.startswith("vp") for m in mnemonics) or s["ymm"] + s["zmm"] > 20
+
+
+@pytest.mark.slow  # inspect_asm recompiles the kernel (~20 s)
+def test_row_interleaved_kernel_is_packed_int16_code():
+    """The rows-as-lanes loop must stay vectorized: packed int16 multiplies, no byte-by-byte gathers."""
+    rng = np.random.default_rng(3)
+    rows, cols = 64, 256
+    nib, sc = _r32(Q.quantize_q4_0(rng.standard_normal((rows, cols)).astype(np.float32)), rows, cols)
+    xq = np.zeros((1, cols), np.int8)
+    K.matvec_q4_r32(nib, sc, xq, np.zeros((1, cols // 32), np.int16), np.ones((1, cols // 32), np.float32),
+                    np.empty(rows, np.float32), 2)
+    mnemonics = dict(K.asm_summary(K.matvec_q4_r32)["top"])
+    assert mnemonics.get("vpmullw", 0) >= 16, mnemonics
+    assert mnemonics.get("vpinsrb", 0) == 0, mnemonics
+
+
+def test_quantize_act_rounds_like_c_roundf_just_below_one_half():
+    from kestrel_lab import quant
+    from kestrel_lab.engine import kernels as K
+
+    below_half = np.nextafter(np.float32(0.5), np.float32(0))
+    x = np.zeros((1, 32), dtype=np.float32)
+    x[0, 0], x[0, 1], x[0, 2] = 127, below_half, -below_half
+    xq = np.empty((1, 32), dtype=np.int8)
+    xd = np.empty((1, 1), dtype=np.float32)
+    K.quantize_act(x, xq, xd)
+    assert xq[0, 1] == 0 and xq[0, 2] == 0
+    assert np.array_equal(xq[0], quant.quantize_q8_0(x)[0, 2:].view(np.int8))
+
+
+def test_softmax_over_a_vocabulary_sums_to_one():
+    from kestrel_lab.engine import kernels as K
+
+    rng = np.random.default_rng(0)
+    # a few dominant tokens first, then a long tail of tiny terms (~4e-8 each), as after training:
+    # a float32 running sum would drop the whole tail (0.6 % of the mass)
+    logits = (rng.standard_normal(151_936) * 0.1 - 17).astype(np.float32)
+    logits[:10] = 0
+    p = logits.copy()
+    K.softmax_inplace(p, p.size)
+    ref = np.exp(logits.astype(np.float64) - logits.max())
+    ref /= ref.sum()
+    assert abs(float(p.astype(np.float64).sum()) - 1.0) < 1e-5
+    assert np.abs(p - ref).max() < 1e-6

@@ -98,8 +98,10 @@ def test_quantized_engine_matches_numpy_reference(checkpoint, quant):
     f = open_vqf(vqf[quant])
     ref = reference_logits(f.config, f.tensors, ids)
     scale = np.abs(ref).max()
-    for repack in (True, False):
-        eng = Qwen3Engine.from_vqf(vqf[quant], max_context=64, repack=repack)
+    # repack: Q4_8X8L copy; default: row-interleaved Q4_0 planes (+ the whole-step decode kernel);
+    # interleave=False: the plain layout as stored in the file (16-lane kernels).
+    for kw in ({"repack": True}, {}, {"interleave": False}):
+        eng = Qwen3Engine.from_vqf(vqf[quant], max_context=64, **kw)
         batched = eng.forward_all(ids)               # the matmul (prefill) kernels
         eng.reset()
         steps = [eng.prefill(ids[:4])]
@@ -107,10 +109,26 @@ def test_quantized_engine_matches_numpy_reference(checkpoint, quant):
         steps = np.stack(steps)                       # the matvec (decode) kernels
         d_all = np.abs(batched - ref).max()
         d_step = np.abs(steps - ref[3:-1]).max()
-        print(f"\n{quant} (repack={repack}) engine vs numpy reference: batched {d_all:.3g}, "
+        print(f"\n{quant} ({kw or 'default'}) engine vs numpy reference: batched {d_all:.3g}, "
               f"decode {d_step:.3g}, logit scale {scale:.3g}")
         assert d_all <= 2e-5 * scale
         assert d_step <= 2e-5 * scale
+
+
+def test_whole_step_decode_is_bit_identical_to_the_layer_by_layer_path(checkpoint):
+    """``decode_layers_r32`` runs the same kernels in the same order as the per-layer Python loop."""
+    _, vqf = checkpoint
+    eng = Qwen3Engine.from_vqf(vqf["q4_0"], max_context=64)
+    assert eng._planes is not None, "Q4_0 test shapes are multiples of 32: the fast path must be taken"
+    planes = eng._planes
+    runs = []
+    for fast in (True, False):
+        eng._planes = planes if fast else None
+        eng.reset()
+        steps = [eng.prefill(PROMPT[:5])] + [eng.decode(t) for t in PROMPT[5:12]]
+        runs.append((np.stack(steps), eng.cache.k[:, :, :eng.pos].copy(), eng.cache.v[:, :, :eng.pos].copy()))
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_quantization_effect_on_logits_is_reported(checkpoint):

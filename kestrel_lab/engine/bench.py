@@ -10,7 +10,8 @@ next to the others:
 - the memory read bandwidth (``roofline.memory_bandwidth``), the weight bytes one decode step reads
   and hence the bandwidth ceiling in tok/s (``roofline.decode_ceiling``), and the engine's % of it;
 - the matvec kernels' GB/s of weights on one FFN-shaped matrix: the naive block-by-block Q4_0 loop,
-  the lane-accumulator Q4_0 and Q8_0 kernels and the Q4_8X8L kernel — the layout story in numbers;
+  the lane-accumulator Q4_0 and Q8_0 kernels, the Q4_8X8L kernel and the row-interleaved Q4_0
+  kernel the engine decodes with — the layout story in numbers;
 - PyTorch (``transformers``, fp32 and bf16) decode tok/s on the same weights (dequantized from the
   file) when torch is installed;
 - numba's first compile (a fresh process with an empty ``NUMBA_CACHE_DIR``) and the cached cold
@@ -91,16 +92,18 @@ def prompt_ids(vocab: int, n: int = PROMPT_TOKENS, seed: int = 1) -> list[int]:
 
 
 def engine_speed(path, threads: int, prompt_len: int = PROMPT_TOKENS, decode_tokens: int = DECODE_TOKENS,
-                 repack: bool = False) -> dict:
+                 repack: bool = False, interleave: bool = True) -> dict:
     """Prefill tok/s of a ``prompt_len`` prompt and decode tok/s over ``decode_tokens`` greedy steps.
 
     A short warm-up first (it also pages the mapped weights in). ``repack``: run plain Q4_0 weights
-    from a Q4_8X8L copy (see ``Qwen3Engine``). Taught in day11_2 and day23_2.
+    from a Q4_8X8L copy; ``interleave=False``: run them in the file's layout (see ``Qwen3Engine``).
+    Taught in day11_2 and day23_2.
     """
     from kestrel_lab.engine import Qwen3Engine
 
     t0 = time.perf_counter()
-    eng = Qwen3Engine.from_vqf(path, max_context=prompt_len + decode_tokens + 16, threads=threads, repack=repack)
+    eng = Qwen3Engine.from_vqf(path, max_context=prompt_len + decode_tokens + 16, threads=threads, repack=repack,
+                               interleave=interleave)
     load_s = time.perf_counter() - t0
     ids = prompt_ids(eng.config.vocab_size, prompt_len)
     logits = eng.prefill(ids[:8])
@@ -145,11 +148,16 @@ def kernel_speeds(threads: int, rows: int = 98_304, cols: int = 1024, repeat: in
     K.quantize_act(x, xq, xd)
     xe = np.empty((1, nb, 5, 64), np.int16)
     K.expand_act_8x8(xq, xe)
+    xc = np.empty((1, nb), np.int16)
+    K.act_block_sums(xq, xc)
     q4 = _random_blocks(rng, rows, nb, 18)
     q8 = _random_blocks(rng, rows, nb, 34)
     q48 = np.empty(q4.size, np.uint8)
     K.repack_q4_0_to_8x8l(q4, q48, K.n_chunks(rows // 8))
-    for a in (q4, q8, q48):
+    nib = np.empty((rows // K.QR, nb * 16 * K.QR), np.uint8)
+    sc = np.empty((rows // K.QR, nb * K.QR), np.uint16)
+    K.repack_q4_0_to_r32(q4, nib, sc, K.n_chunks(rows // K.QR))
+    for a in (q4, q8, q48, nib, sc):
         a.setflags(write=False)
     out = np.empty(rows, np.float32)
     lut = K.F16_TO_F32
@@ -161,6 +169,8 @@ def kernel_speeds(threads: int, rows: int = 98_304, cols: int = 1024, repeat: in
             "q4_0 lanes": (q4.nbytes, lambda: K.matvec_q4_0(q4, xq, xd, lut, out, nch)),
             "q8_0 lanes": (q8.nbytes, lambda: K.matvec_q8_0(q8, q8.view(np.int8), xq, xd, lut, out, nch)),
             "q4_8x8l": (q48.nbytes, lambda: K.matvec_q4_8x8l(q48, xe, xd, lut, out, K.n_chunks(rows // 8))),
+            "q4_0 r32 (32 rows interleaved)": (
+                nib.nbytes + sc.nbytes, lambda: K.matvec_q4_r32(nib, sc, xq, xc, xd, out, K.n_chunks(rows // K.QR))),
         }
         for name, (nbytes, fn) in cases.items():
             fn()
@@ -311,6 +321,8 @@ def run(config_path=None, quant: str = "q4_0", threads: list[int] | None = None,
         res["pct_of_ceiling"][t] = 100.0 * e["decode_tok_s"] / ceil
         res["kernels_gbs"][t] = kernel_speeds(t)
         if quant.lower() == "q4_0":
+            log(f"engine on the file's plain Q4_0 layout, {t} thread(s) …")
+            res.setdefault("engine_plain", {})[t] = engine_speed(path, t, decode_tokens=decode_tokens, interleave=False)
             log(f"engine on a Q4_8X8L copy, {t} thread(s) …")
             res.setdefault("engine_repacked", {})[t] = engine_speed(path, t, decode_tokens=decode_tokens, repack=True)
     res["weight_bytes_per_token"] = res["engine"][threads[-1]]["weight_bytes_per_token"]
@@ -341,6 +353,10 @@ def format_table(res: dict) -> str:
     ts = res["threads"]
     row("decode tok/s", [res["engine"][t]["decode_tok_s"] for t in ts], "{:.1f}")
     row("prefill tok/s (64-token prompt)", [res["engine"][t]["prefill_tok_s"] for t in ts], "{:.1f}")
+    if res.get("engine_plain"):
+        pl = res["engine_plain"]
+        row("decode tok/s, file layout (16-lane kernel)", [pl[t]["decode_tok_s"] for t in ts], "{:.1f}")
+        row("prefill tok/s, file layout", [pl[t]["prefill_tok_s"] for t in ts], "{:.1f}")
     if res.get("engine_repacked"):
         rp = res["engine_repacked"]
         row("decode tok/s, Q4_8X8L copy", [rp[t]["decode_tok_s"] for t in ts], "{:.1f}")
@@ -353,6 +369,7 @@ def format_table(res: dict) -> str:
     e = res["engine"][ts[-1]]
     rp = (res.get("engine_repacked") or {}).get(ts[-1])
     lines.append(f"load {e['load_s']:.2f} s; weights {', '.join(e['weight_qtypes'])}"
+                 + (f" (split and row-interleaved at load: {e['repack_s']:.2f} s)" if e["repack_s"] else "")
                  + (f"; the Q4_8X8L copy costs {rp['repack_s']:.2f} s at load" if rp else ""))
     tr = res.get("torch") or {}
     if "skipped" in tr:
@@ -382,6 +399,10 @@ def record(res: dict, runner: str) -> Path:
         e = res["engine"][t]
         rec.record(f"engine_decode_tok_s_{t}t", e["decode_tok_s"], "tok/s", f"engine decode, {t} thread(s), {res['quant']}")
         rec.record(f"engine_prefill_tok_s_{t}t", e["prefill_tok_s"], "tok/s", f"engine prefill of 64 tokens, {t} thread(s)")
+        pl = (res.get("engine_plain") or {}).get(t)
+        if pl:
+            rec.record(f"engine_decode_tok_s_plain_{t}t", pl["decode_tok_s"], "tok/s",
+                       f"engine decode on the file's plain Q4_0 layout (16-lane kernel), {t} thread(s)")
         rp = (res.get("engine_repacked") or {}).get(t)
         if rp:
             rec.record(f"engine_decode_tok_s_8x8l_{t}t", rp["decode_tok_s"], "tok/s",
@@ -392,7 +413,8 @@ def record(res: dict, runner: str) -> Path:
         rec.record(f"ceiling_tok_s_{t}t", res["ceiling_tok_s"][t], "tok/s", f"bandwidth-bound decode ceiling, {t} thread(s)")
         rec.record(f"pct_of_ceiling_{t}t", res["pct_of_ceiling"][t], "%", f"engine decode as % of the ceiling, {t} thread(s)")
         for k, v in res["kernels_gbs"][t].items():
-            key = k.split(" ")[0] + ("_naive" if "naive" in k else "_lanes" if "lanes" in k else "")
+            key = k.split(" ")[0] + ("_naive" if "naive" in k else "_r32" if "r32" in k
+                                     else "_lanes" if "lanes" in k else "")
             rec.record(f"matvec_gbs_{key}_{t}t", v, "GB/s", f"matvec {k}, 98304×1024, {t} thread(s)")
     rec.record("weight_bytes_per_token", res["weight_bytes_per_token"], "B", "weight bytes one decode step reads")
     for dt in ("fp32", "bf16"):

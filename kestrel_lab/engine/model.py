@@ -15,12 +15,15 @@ quantized copy of the embedding there, so the lm head is always one matrix read)
 
 Weights stay where the file put them: ``open_vqf`` maps the file and every matrix is a read-only
 numpy view of the mapping (zero copy; pages come from the OS page cache on first touch, which is why
-a second start is fast). Every format is used in place: plain Q4_0 by the 16-lane kernel,
-Q4_8X8L (``--quant q4_8x8l``) by the 64-lane one. ``repack=True`` is the one exception, stated
-plainly: it copies a plain Q4_0 file's matrices into Q4_8X8L in anonymous memory at load (a copy of
-the Q4 weights, a fraction of a second). Measured on the course machine, the 8-row layout makes the
-batched prefill faster (~1.5×) and decode slower (~0.7×) than the plain layout with lane
-accumulators, so the default keeps the file as it is; ``kestrel-lab bench`` shows both kernels.
+a second start is fast). F32/F16/Q8_0 and Q4_8X8L (``--quant q4_8x8l``, the 64-lane kernel) are
+used in place. Plain Q4_0 is the exception, stated plainly: by default (``interleave=True``) each
+Q4_0 matrix whose per-layer row count is a multiple of 32 is copied once at load into the split,
+row-interleaved layout of ``kernels.repack_q4_0_to_r32`` (anonymous memory, the same byte count as
+the Q4 weights: ~0.3 s for Qwen3-0.6B's 336 MB on two cores). Its kernels make rows the SIMD lanes
+and decode ~2.5× faster than the 16-lane kernel on the file's layout, prefill ~4× faster; with
+every layer matrix in that layout a decode step runs all layers in one numba call
+(``decode_layers_r32``). ``interleave=False`` keeps the file's layout (zero copy, the 16-lane
+kernels); ``repack=True`` copies plain Q4_0 into Q4_8X8L instead. ``kestrel-lab bench`` shows all.
 
 Activations are float32. For F32/F16 weights the matvecs are float dot products (this is the path
 that matches PyTorch to ~1e-6); for Q8_0/Q4_0 weights each activation vector is quantized to Q8_0
@@ -42,6 +45,7 @@ from kestrel_lab.engine import kernels as K
 from kestrel_lab.engine.attention import attend
 from kestrel_lab.engine.kv import ContextFullError, KVCache
 from kestrel_lab.engine.rope import apply_rope, rope_cos_sin
+from numba import njit
 
 TEXT_TENSORS = ("token_embed", "final_norm", "attn_norm", "ffn_norm", "q_norm", "k_norm",
                 "q4_q", "q4_k", "q4_v", "q4_o", "q4_gate", "q4_up", "q4_down", "q4_lm")
@@ -66,13 +70,18 @@ class Linear:
     """One weight matrix (or one layer's slice of a stacked one) in its storage format.
 
     ``__call__(act)`` returns ``act.x @ W.T`` as float32 (T, rows), choosing the kernel by format and
-    by T (matvec for one token, matmul for many). Taught in day12_1.
+    by T (matvec for one token, matmul for many). ``r32``: the (nibbles, scales) planes of a plain
+    Q4_0 matrix made by ``kernels.repack_q4_0_to_r32``; when given, they are what the kernels read.
+    Taught in day12_1.
     """
 
-    def __init__(self, qtype: int, rows: int, cols: int, data: np.ndarray, name: str = ""):
+    def __init__(self, qtype: int, rows: int, cols: int, data: np.ndarray, name: str = "", r32=None):
         self.qt = Q.qtype(qtype)
         self.rows, self.cols, self.name = rows, cols, name
         self.nbytes = int(data.size)
+        # Plain Q4_0 split and row-interleaved at load (``kernels.repack_q4_0_to_r32``): the planes
+        # (nibbles, scales) that every product with this matrix then reads instead of ``w``.
+        self.nib, self.sc = r32 if r32 is not None else (None, None)
         q = self.qt
         if q is Q.F32:
             self.w = data.view("<f4").reshape(rows, cols)
@@ -91,7 +100,11 @@ class Linear:
         out = np.empty((T, self.rows), dtype=np.float32)
         q, lut = self.qt, K.F16_TO_F32
         nch = K.n_chunks(self.rows // 8 if q is Q.Q4_8X8L else self.rows)
-        if q is Q.F32:
+        if self.nib is not None:
+            xq, xc, xd = act.q8c()
+            (K.matvec_q4_r32(self.nib, self.sc, xq, xc, xd, out[0], K.n_chunks(self.nib.shape[0])) if T == 1
+             else K.matmul_q4_r32(self.nib, self.sc, xq, xc, xd, out, K.n_chunks(self.nib.shape[0])))
+        elif q is Q.F32:
             if T == 1:
                 K.matvec_f32(self.w, act.x[0], out[0], nch)
             else:
@@ -127,6 +140,7 @@ class Activation:
         self.x = np.ascontiguousarray(x, dtype=np.float32)
         self._q8 = None
         self._e = None
+        self._c = None
 
     def q8(self):
         """(int8 values, float32 scales) of the Q8_0 form, computed once. Taught in day05_3."""
@@ -137,6 +151,17 @@ class Activation:
             K.quantize_act(self.x, xq, xd)
             self._q8 = (xq, xd)
         return self._q8
+
+    def q8c(self):
+        """(int8 values, ``−8·Σx`` per block, scales) for the row-interleaved Q4_0 kernels, computed once.
+
+        Taught in day05_2."""
+        if self._c is None:
+            xq, xd = self.q8()
+            xc = np.empty(xd.shape, np.int16)
+            K.act_block_sums(xq, xc)
+            self._c = xc
+        return self._q8[0], self._c, self._q8[1]
 
     def x8x8(self):
         """(int16 lane planes, scales) for the Q4_8X8L kernels, computed once. Taught in day06_2."""
@@ -150,9 +175,9 @@ class Activation:
 
 
 def _fusable(a: "Activation", *mats: Linear) -> bool:
-    """One token and every matrix in the same Q4 format: the fused decode kernels apply."""
+    """One token and every matrix in the same Q4 format and layout: the fused decode kernels apply."""
     return (a.x.shape[0] == 1 and mats[0].qt in (Q.Q4_0, Q.Q4_8X8L)
-            and all(m.qt is mats[0].qt for m in mats))
+            and all(m.qt is mats[0].qt and (m.nib is None) == (mats[0].nib is None) for m in mats))
 
 
 def _qkv(m: dict, a: "Activation"):
@@ -163,7 +188,11 @@ def _qkv(m: dict, a: "Activation"):
     q = np.empty((1, wq.rows), np.float32)
     k = np.empty((1, wk.rows), np.float32)
     v = np.empty((1, wv.rows), np.float32)
-    if wq.qt is Q.Q4_0:
+    if wq.nib is not None:
+        xq, xc, xd = a.q8c()
+        K.matvec3_q4_r32(wq.nib, wq.sc, wk.nib, wk.sc, wv.nib, wv.sc, xq, xc, xd, q[0], k[0], v[0],
+                         K.n_chunks(wq.nib.shape[0] + wk.nib.shape[0] + wv.nib.shape[0]))
+    elif wq.qt is Q.Q4_0:
         xq, xd = a.q8()
         K.matvec3_q4_0(wq.w, wk.w, wv.w, xq, xd, K.F16_TO_F32, q[0], k[0], v[0],
                        K.n_chunks(wq.rows + wk.rows + wv.rows))
@@ -182,13 +211,84 @@ def _swiglu(m: dict, a: "Activation") -> np.ndarray:
         K.silu_mul(g, u, g)
         return g
     out = np.empty((1, wg.rows), np.float32)
-    if wg.qt is Q.Q4_0:
+    if wg.nib is not None:
+        xq, xc, xd = a.q8c()
+        K.matvec_swiglu_q4_r32(wg.nib, wg.sc, wu.nib, wu.sc, xq, xc, xd, out[0], K.n_chunks(wg.nib.shape[0]))
+    elif wg.qt is Q.Q4_0:
         xq, xd = a.q8()
         K.matvec_swiglu_q4_0(wg.w, wu.w, xq, xd, K.F16_TO_F32, out[0], K.n_chunks(wg.rows))
     else:
         xe, xd = a.x8x8()
         K.matvec_swiglu_q4_8x8l(wg.w, wu.w, xe, xd, K.F16_TO_F32, out[0], K.n_chunks(wg.rows // 8))
     return out
+
+
+@njit(cache=True)
+def _q8c_into(x, xq_buf, xd_buf, xc_buf):
+    """``Activation.q8c`` for one token inside numba: quantize ``x`` (1, n) into the front of the
+    buffers; returns the (1, n) int8, (1, n/32) ``−8·Σx`` and (1, n/32) scale views."""
+    n = x.shape[1]
+    nb = n // K.QK
+    xq, xd, xc = xq_buf[:n].reshape(1, n), xd_buf[:nb].reshape(1, nb), xc_buf[:nb].reshape(1, nb)
+    K.quantize_act(x, xq, xd)
+    K.act_block_sums(xq, xc)
+    return xq, xc, xd
+
+
+@njit(cache=True)
+def decode_layers_r32(h, eps, attn_norm, ffn_norm, q_norm, k_norm, planes, kc_all, vc_all, pos, cos, sin, H, nt):
+    """Every layer of one decode step in a single numba call, all seven matrices row-interleaved Q4_0.
+
+    Exactly the per-layer code of ``Qwen3Engine._forward`` (same kernels, same order of float
+    operations, so the logits are bit-identical), without its ~20 Python-level calls per layer:
+    at 30+ tok/s one step lasts ~25 ms and the interpreter's dispatch, allocations and argument
+    checks would otherwise cost several of them. The parallel kernels it calls still run on all
+    numba threads. ``h`` (1, hidden) is updated in place; ``planes`` is the tuple (nibbles, scales)
+    × (q, k, v, o, gate, up, down), each the whole stack of layers; ``kc_all``/``vc_all`` the KV
+    cache (layers, kv_heads, max_context, head_dim), written at ``pos``; ``nt`` the thread count (each
+    matvec is cut into ``4·nt`` chunks, as ``kernels.n_chunks`` does). Taught in day11_2.
+    """
+    qn, qs, kn, ks, vn, vs, on, os_, gn, gs, un, us, dn, ds = planes
+    L, hid = attn_norm.shape
+    KVH, D = kc_all.shape[1], kc_all.shape[3]
+    inter = gn.shape[0] * K.QR // L
+    gq, gk, go, gg, gd = qn.shape[0] // L, kn.shape[0] // L, on.shape[0] // L, gn.shape[0] // L, dn.shape[0] // L
+    x = np.empty((1, hid), np.float32)
+    q = np.empty((1, H, D), np.float32)
+    k = np.empty((1, KVH, D), np.float32)
+    v = np.empty((1, KVH, D), np.float32)
+    o = np.empty((1, H, D), np.float32)
+    g = np.empty((1, inter), np.float32)
+    y = np.empty(hid, np.float32)
+    n = max(hid, H * D, inter)
+    xq_buf, xd_buf, xc_buf = np.empty(n, np.int8), np.empty(n // K.QK, np.float32), np.empty(n // K.QK, np.int16)
+    for l in range(L):
+        # attention block: norm → Q, K, V → q/k norm → RoPE → cache → attention → Wo, residual
+        K.rmsnorm(h, attn_norm[l], eps, x)
+        xq, xc, xd = _q8c_into(x, xq_buf, xd_buf, xc_buf)
+        K.matvec3_q4_r32(qn[l * gq:(l + 1) * gq], qs[l * gq:(l + 1) * gq], kn[l * gk:(l + 1) * gk],
+                         ks[l * gk:(l + 1) * gk], vn[l * gk:(l + 1) * gk], vs[l * gk:(l + 1) * gk],
+                         xq, xc, xd, q.reshape(-1), k.reshape(-1), v.reshape(-1), min(gq + 2 * gk, 4 * nt))
+        K.rmsnorm_heads(q, q_norm[l], eps)
+        K.rmsnorm_heads(k, k_norm[l], eps)
+        apply_rope(q, cos, sin)
+        apply_rope(k, cos, sin)
+        kc_all[l, :, pos, :] = k[0]
+        vc_all[l, :, pos, :] = v[0]
+        attend(q, kc_all[l], vc_all[l], pos, o)
+        xq, xc, xd = _q8c_into(o.reshape(1, H * D), xq_buf, xd_buf, xc_buf)
+        K.matvec_q4_r32(on[l * go:(l + 1) * go], os_[l * go:(l + 1) * go], xq, xc, xd, y, min(go, 4 * nt))
+        for i in range(hid):
+            h[0, i] += y[i]
+        # feed-forward block: norm → silu(Wgate x)·(Wup x) → Wdown, residual
+        K.rmsnorm(h, ffn_norm[l], eps, x)
+        xq, xc, xd = _q8c_into(x, xq_buf, xd_buf, xc_buf)
+        K.matvec_swiglu_q4_r32(gn[l * gg:(l + 1) * gg], gs[l * gg:(l + 1) * gg], un[l * gg:(l + 1) * gg],
+                               us[l * gg:(l + 1) * gg], xq, xc, xd, g.reshape(-1), min(gg, 4 * nt))
+        xq, xc, xd = _q8c_into(g, xq_buf, xd_buf, xc_buf)
+        K.matvec_q4_r32(dn[l * gd:(l + 1) * gd], ds[l * gd:(l + 1) * gd], xq, xc, xd, y, min(gd, 4 * nt))
+        for i in range(hid):
+            h[0, i] += y[i]
 
 
 def _rows_slice(t, r0: int, r1: int) -> np.ndarray:
@@ -202,11 +302,13 @@ class Qwen3Engine:
 
     ``prefill(ids)`` → logits after the last id; ``decode(id)`` → logits of one step;
     ``forward_all(ids)`` → logits of every position; ``truncate``/``reset`` manage the KV cache;
-    ``stats`` accumulates timings. Taught in day12_2.
+    ``stats`` accumulates timings. Plain Q4_0 weights are split and row-interleaved at load unless
+    ``interleave=False``; ``repack=True`` copies them into Q4_8X8L instead (see the module docstring).
+    Taught in day12_2.
     """
 
     def __init__(self, config: ModelConfig, tensors, *, max_context: int = 4096, threads: int | None = None,
-                 repack: bool = False, source: str = "<tensors>", keepalive=None):
+                 repack: bool = False, source: str = "<tensors>", keepalive=None, interleave: bool = True):
         from kestrel_lab.roofline import resolve_threads
 
         if config.arch not in ("qwen3", "qwen3_vl"):
@@ -248,12 +350,27 @@ class Qwen3Engine:
         self.embed_qtype = emb.qtype
         self.embed = emb.data.view("<f4" if emb.qtype == Q.F32.id else "<u2").reshape(emb.rows, emb.cols)
 
+        per_layer = {"q4_q": c.q_dim, "q4_k": c.kv_dim, "q4_v": c.kv_dim, "q4_o": h,
+                     "q4_gate": c.intermediate_size, "q4_up": c.intermediate_size, "q4_down": h,
+                     "q4_lm": c.vocab_size}
         self.repack_seconds = 0.0
         self.repacked_bytes = 0
-        stacked = {}
+        stacked, planes = {}, {}
         for name in MATRICES + ("q4_lm",):
             t = tensors[name]
-            if repack and t.qtype == Q.Q4_0.id and t.rows % 8 == 0:
+            if interleave and not repack and t.qtype == Q.Q4_0.id and per_layer[name] % K.QR == 0:
+                t0 = time.perf_counter()
+                src = t.data.reshape(t.rows, t.data.size // t.rows)
+                nb = t.cols // K.QK
+                nib = np.empty((t.rows // K.QR, nb * 16 * K.QR), np.uint8)
+                sc = np.empty((t.rows // K.QR, nb * K.QR), np.uint16)
+                K.repack_q4_0_to_r32(src, nib, sc, K.n_chunks(t.rows // K.QR))
+                nib.setflags(write=False)
+                sc.setflags(write=False)
+                self.repack_seconds += time.perf_counter() - t0
+                self.repacked_bytes += nib.nbytes + sc.nbytes
+                planes[name] = (nib, sc)
+            elif repack and t.qtype == Q.Q4_0.id and t.rows % 8 == 0:
                 t0 = time.perf_counter()
                 src = t.data.reshape(t.rows, t.data.size // t.rows)
                 dst = np.empty(t.data.size, np.uint8)
@@ -262,18 +379,27 @@ class Qwen3Engine:
                 self.repacked_bytes += dst.size
                 t = RawTensor(Q.Q4_8X8L.id, t.rows, t.cols, dst)
             stacked[name] = t
-        per_layer = {"q4_q": c.q_dim, "q4_k": c.kv_dim, "q4_v": c.kv_dim, "q4_o": h,
-                     "q4_gate": c.intermediate_size, "q4_up": c.intermediate_size, "q4_down": h}
+        def split(name, g0, g1):
+            if name not in planes:
+                return None
+            nib, sc = planes[name]
+            return nib[g0:g1], sc[g0:g1]
+
+        # The whole-step fast path (``decode_layers_r32``) needs every layer matrix row-interleaved.
+        self._planes = (tuple(a for name in MATRICES for a in planes[name])
+                        if all(name in planes for name in MATRICES) else None)
         self.layers = []
         for layer in range(L):
             mats = {}
-            for name, rows in per_layer.items():
-                t = stacked[name]
+            for name in MATRICES:
+                rows, t = per_layer[name], stacked[name]
+                g0, g1 = layer * rows // K.QR, (layer + 1) * rows // K.QR
                 mats[name] = Linear(t.qtype, rows, t.cols, _rows_slice(t, layer * rows, (layer + 1) * rows),
-                                    f"{name}[{layer}]")
+                                    f"{name}[{layer}]", r32=split(name, g0, g1))
             self.layers.append(mats)
         t = stacked["q4_lm"]
-        self.lm_head = Linear(t.qtype, t.rows, t.cols, t.data.reshape(-1), "q4_lm")
+        self.lm_head = Linear(t.qtype, t.rows, t.cols, t.data.reshape(-1), "q4_lm",
+                              r32=split("q4_lm", 0, None))
         self.weight_qtypes = {name: Q.qtype(stacked[name].qtype).name for name in stacked}
 
         self.max_context = int(min(max_context, c.max_position_embeddings))
@@ -283,13 +409,14 @@ class Qwen3Engine:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_vqf(cls, path, max_context: int = 4096, threads: int | None = None, repack: bool = False) -> "Qwen3Engine":
+    def from_vqf(cls, path, max_context: int = 4096, threads: int | None = None, repack: bool = False,
+                 interleave: bool = True) -> "Qwen3Engine":
         """Open a VQF file (mmap, zero copy) and build the engine on it. Taught in day17_3."""
         from kestrel_lab.vqf.reader import open_vqf
 
         f = open_vqf(path)
         return cls(f.config, f.tensors, max_context=max_context, threads=threads, repack=repack,
-                   source=str(os.fspath(path)), keepalive=f)
+                   source=str(os.fspath(path)), keepalive=f, interleave=interleave)
 
     @classmethod
     def from_tensors(cls, config: ModelConfig, tensors: dict, **kw) -> "Qwen3Engine":
@@ -395,23 +522,27 @@ class Qwen3Engine:
             h = self._embed(ids)
             x = np.empty_like(h)
             o = np.empty((T, H, D), np.float32)
-            for layer, m in enumerate(self.layers):
-                K.rmsnorm(h, self.attn_norm[layer], eps, x)
-                a = Activation(x)
-                q, k, v = _qkv(m, a)
-                q, k, v = q.reshape(T, H, D), k.reshape(T, KVH, D), v.reshape(T, KVH, D)
-                K.rmsnorm_heads(q, self.q_norm[layer], eps)
-                K.rmsnorm_heads(k, self.k_norm[layer], eps)
-                apply_rope(q, cos, sin)
-                apply_rope(k, cos, sin)
-                kc, vc = self.cache.k[layer], self.cache.v[layer]
-                kc[:, pos0:pos0 + T, :] = k.transpose(1, 0, 2)
-                vc[:, pos0:pos0 + T, :] = v.transpose(1, 0, 2)
-                attend(q, kc, vc, pos0, o)
-                h += m["q4_o"](Activation(o.reshape(T, H * D)))
-                K.rmsnorm(h, self.ffn_norm[layer], eps, x)
-                g = _swiglu(m, Activation(x))
-                h += m["q4_down"](Activation(g))
+            if T == 1 and self._planes is not None:
+                decode_layers_r32(h, eps, self.attn_norm, self.ffn_norm, self.q_norm, self.k_norm, self._planes,
+                                  self.cache.k, self.cache.v, pos0, cos, sin, H, numba.get_num_threads())
+            else:
+                for layer, m in enumerate(self.layers):
+                    K.rmsnorm(h, self.attn_norm[layer], eps, x)
+                    a = Activation(x)
+                    q, k, v = _qkv(m, a)
+                    q, k, v = q.reshape(T, H, D), k.reshape(T, KVH, D), v.reshape(T, KVH, D)
+                    K.rmsnorm_heads(q, self.q_norm[layer], eps)
+                    K.rmsnorm_heads(k, self.k_norm[layer], eps)
+                    apply_rope(q, cos, sin)
+                    apply_rope(k, cos, sin)
+                    kc, vc = self.cache.k[layer], self.cache.v[layer]
+                    kc[:, pos0:pos0 + T, :] = k.transpose(1, 0, 2)
+                    vc[:, pos0:pos0 + T, :] = v.transpose(1, 0, 2)
+                    attend(q, kc, vc, pos0, o)
+                    h += m["q4_o"](Activation(o.reshape(T, H * D)))
+                    K.rmsnorm(h, self.ffn_norm[layer], eps, x)
+                    g = _swiglu(m, Activation(x))
+                    h += m["q4_down"](Activation(g))
             self.cache.pos = pos0 + T
             hs = h[-1:] if last_only else h
             hn = np.empty_like(hs)
