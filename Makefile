@@ -38,6 +38,7 @@ book: $(VENV)/.runtime-installed system-deps
 # Everything: unit tests, the reference comparisons, every notebook executed by the book build, and
 # the built book checked in headless Chromium.
 test: $(VENV)/.dev-installed
+	$(KL) book sources --check
 	$(MAKE) book
 	$(PY) -m pytest tests
 
