@@ -51,6 +51,23 @@ ARCH_NAMES = {v: k for k, v in ARCHS.items()}
 assert struct.calcsize(ENTRY_FORMAT) == ENTRY_SIZE and DIR_OFFSET == 448
 
 
+@dataclass
+class DirEntry:
+    """One directory entry as stored (name, qtype, geometry, where its bytes are). Taught in day16_3."""
+
+    index: int
+    name: str
+    qtype: int
+    rows: int
+    cols: int
+    offset: int
+    nbytes: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.nbytes
+
+
 class VQFFormatError(ValueError):
     """A VQF file (or a header about to be written) that breaks the format; names field and offset.
     Taught in day16_3."""

@@ -26,20 +26,7 @@ from kestrel_lab import quant as Q
 from kestrel_lab.vqf import format as F
 
 
-@dataclass
-class Entry:
-    """One directory entry as read by ``parse``. Taught in day16_3."""
-    index: int
-    name: str
-    qtype: int
-    rows: int
-    cols: int
-    offset: int
-    nbytes: int
-
-    @property
-    def end(self) -> int:
-        return self.offset + self.nbytes
+Entry = F.DirEntry  # one directory entry as read by ``parse``
 
 
 @dataclass

@@ -34,16 +34,9 @@ ENV_CHECK = "KESTREL_VQF_CHECK"
 
 
 @dataclass
-class VQFTensor:
+class VQFTensor(F.DirEntry):
     """One directory entry and its bytes in the mapped file. Taught in day17_3."""
 
-    index: int
-    name: str
-    qtype: int
-    rows: int
-    cols: int
-    offset: int
-    nbytes: int
     data: np.ndarray = field(repr=False)  # read-only uint8 view of the mmap (no copy)
 
     @property
