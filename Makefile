@@ -4,9 +4,11 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 KL     := $(VENV)/bin/kestrel-lab
 export PYTHONUNBUFFERED := 1
-export MPLBACKEND := Agg
+# No MPLBACKEND here: ipykernel installs its inline backend only when MPLBACKEND is unset, and the
+# inline backend is what puts a notebook's figures into the book (kestrel_lab.plotting.setup ensures it).
+unexport MPLBACKEND
 
-.PHONY: book test system-deps env dev-env clean clean-cache rerun bench
+.PHONY: book test system-deps env ref-env dev-env clean clean-cache rerun bench
 
 # The runtime environment: requirements.txt + the package (editable, so notebooks see this checkout).
 $(VENV)/.runtime-installed: requirements.txt pyproject.toml
@@ -16,12 +18,19 @@ $(VENV)/.runtime-installed: requirements.txt pyproject.toml
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e . || $(PY) -m pip install -q --no-deps -e .
 	@touch $@
 
-# Test dependencies: the reference implementations the tests compare against (torch is the CPU wheel).
-$(VENV)/.dev-installed: $(VENV)/.runtime-installed requirements-dev.txt
+# The reference implementations (transformers on torch CPU, tokenizers, tiktoken, safetensors, gguf):
+# the book's comparison lessons run against them, so `make book` installs them. `make env` does not.
+$(VENV)/.ref-installed: $(VENV)/.runtime-installed requirements-ref.txt
+	$(PY) -m pip install -q -r requirements-ref.txt
+	@touch $@
+
+# Test dependencies: pytest and hypothesis on top of the references.
+$(VENV)/.dev-installed: $(VENV)/.ref-installed requirements-dev.txt
 	$(PY) -m pip install -q -r requirements-dev.txt
 	@touch $@
 
 env: $(VENV)/.runtime-installed
+ref-env: $(VENV)/.ref-installed
 dev-env: $(VENV)/.dev-installed
 
 # CJK fonts for plots, Chromium for the browser test (Debian packages; needs root, else prints a hint).
@@ -29,8 +38,9 @@ system-deps:
 	@bash scripts/system-deps.sh
 
 # Execute the notebooks on the embedded defaults (cached: only changed notebooks re-run) and build HTML.
-book: $(VENV)/.runtime-installed system-deps
+book: $(VENV)/.ref-installed system-deps
 	$(KL) book sources
+	$(KL) book sweep-cache
 	$(KL) dashboard
 	$(VENV)/bin/jupyter-book build . --builder html -W -n --keep-going
 	@echo "book: open _build/html/index.html"

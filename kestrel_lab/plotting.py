@@ -4,8 +4,9 @@ Matplotlib's default font (DejaVu Sans) has no Chinese glyphs: every label rende
 "Glyph … missing from font" warning. ``setup()`` picks an installed CJK font (the Debian package
 ``fonts-noto-cjk`` provides "Noto Sans CJK SC"), puts it first in the sans-serif list with the
 previous fonts as fallbacks, and turns off the Unicode minus sign (CJK fonts often lack U+2212).
-It only changes ``rcParams``: it never imports pyplot or picks a backend, so it is safe under Agg,
-in papermill and in the inline backend alike.
+Inside a Jupyter kernel it also makes sure the inline backend is active: an inherited
+``MPLBACKEND=Agg`` makes ipykernel skip it, and every ``plt.show()`` is then dropped silently — the
+book would ship without its pictures. Outside a kernel it never touches the backend.
 
 Taught in day01_1 (first plot) and used by every notebook that draws.
 """
@@ -69,6 +70,32 @@ def _register_new_cjk_files() -> bool:
     return added
 
 
+INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
+
+
+def in_kernel() -> bool:
+    """True inside a Jupyter (ipykernel) kernel: the book build, papermill, a student's notebook."""
+    import sys
+
+    shell = sys.modules.get("IPython") and sys.modules["IPython"].get_ipython()
+    return bool(shell) and type(shell).__name__ == "ZMQInteractiveShell"
+
+
+def ensure_inline_backend() -> bool:
+    """Switch a kernel that runs a non-interactive backend (Agg) to the inline one; True if switched.
+
+    Figures drawn under Agg in a kernel go nowhere, so this never costs a picture anyone could see.
+    """
+    import matplotlib
+
+    if not in_kernel() or "inline" in matplotlib.get_backend():
+        return False
+    from IPython import get_ipython
+
+    get_ipython().run_line_magic("matplotlib", "inline")
+    return True
+
+
 def setup(preferred=PREFERRED_FONTS) -> str | None:
     """Configure matplotlib for Chinese labels; return the font chosen, or None (with one warning).
 
@@ -76,6 +103,8 @@ def setup(preferred=PREFERRED_FONTS) -> str | None:
     """
     global _warned
     import matplotlib
+
+    ensure_inline_backend()
 
     font = choose_font(installed_fonts(), preferred)
     if font is None and _register_new_cjk_files():

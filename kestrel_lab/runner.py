@@ -332,7 +332,7 @@ class _Executor:
         write_json(spec_file, spec)
         env = dict(os.environ)
         env[measure.STAGE_ENV] = str(stage)
-        env.setdefault("MPLBACKEND", "Agg")
+        env.pop("MPLBACKEND", None)  # the kernel then uses the inline backend: figures land in the output
         env["PYTHONUNBUFFERED"] = "1"
         if self.cpus:
             env["NUMBA_NUM_THREADS"] = str(len(self.cpus))
