@@ -11,6 +11,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     src = book_sub.add_parser("sources", help="regenerate _toc.yml and book/syllabus.md")
     src.add_argument("--check", action="store_true", help="fail if they are out of date instead")
     src.set_defaults(func=_book_sources)
+    links = book_sub.add_parser("links", help="check (or --fix) every mention of another part: a link, "
+                                                "or 「计划中」 when the part is not written")
+    links.add_argument("pages", nargs="*", help="notebooks or book pages (default: all prose pages)")
+    links.add_argument("--fix", action="store_true", help="rewrite bare mentions in place")
+    links.set_defaults(func=_book_links)
+    sweep = book_sub.add_parser("sweep-cache", help="drop cached outputs of notebooks whose package or "
+                                                     "data inputs changed (run before jupyter-book build)")
+    sweep.add_argument("--cache", default="_build/.jupyter_cache", help="jupyter-cache folder")
+    sweep.set_defaults(func=_book_sweep_cache)
 
     meas = sub.add_parser("measurements", help="show a notebook's measured figures across runners")
     meas.add_argument("notebook", help="notebook id, e.g. day02_3")
@@ -33,6 +42,38 @@ def _book_sources(args) -> int:
         return 1 if stale else 0
     for path in syllabus.write_sources():
         print(f"wrote {path}")
+    return 0
+
+
+def _book_links(args) -> int:
+    from pathlib import Path
+
+    from kestrel_lab import booklinks
+    from kestrel_lab.paths import REPO_ROOT
+
+    pages = [Path(p).resolve().relative_to(REPO_ROOT) for p in args.pages] or booklinks.prose_pages()
+    if args.fix:
+        for page in pages:
+            if booklinks.fix_page(page):
+                print(f"fixed {page}")
+    found = [p for page in pages for p in booklinks.page_problems(page)]
+    for p in found:
+        print(p)
+    return 1 if found else 0
+
+
+def _book_sweep_cache(args) -> int:
+    from pathlib import Path
+
+    from kestrel_lab import bookcache, syllabus
+    from kestrel_lab.paths import REPO_ROOT
+
+    notebooks = [REPO_ROOT / p for p in syllabus.find_notebooks().values()]
+    cache = Path(args.cache) if Path(args.cache).is_absolute() else REPO_ROOT / args.cache
+    dropped = bookcache.sweep(cache, notebooks, bookcache.Project(REPO_ROOT))
+    for nb in dropped:
+        print(f"inputs changed, will re-run: {nb.relative_to(REPO_ROOT)}")
+    print(f"book cache: {len(dropped)} of {len(notebooks)} notebooks to re-run because their inputs changed")
     return 0
 
 
