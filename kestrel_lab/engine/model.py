@@ -355,9 +355,15 @@ class Qwen3Engine:
                      "q4_lm": c.vocab_size}
         self.repack_seconds = 0.0
         self.repacked_bytes = 0
+        # Where each tensor's bytes live while the engine runs: used in place from the file's mapping
+        # (shared with every process that maps it) or copied at load into anonymous memory.
+        self.bytes_in_place = {n: tensors[n].data.nbytes for n in ("token_embed", "final_norm", "attn_norm",
+                                                                   "ffn_norm", "q_norm", "k_norm")}
+        self.bytes_copied = {}
         stacked, planes = {}, {}
         for name in MATRICES + ("q4_lm",):
             t = tensors[name]
+            self.bytes_in_place[name] = t.data.nbytes
             if interleave and not repack and t.qtype == Q.Q4_0.id and per_layer[name] % K.QR == 0:
                 t0 = time.perf_counter()
                 src = t.data.reshape(t.rows, t.data.size // t.rows)
@@ -369,6 +375,7 @@ class Qwen3Engine:
                 sc.setflags(write=False)
                 self.repack_seconds += time.perf_counter() - t0
                 self.repacked_bytes += nib.nbytes + sc.nbytes
+                self.bytes_copied[name] = self.bytes_in_place.pop(name)
                 planes[name] = (nib, sc)
             elif repack and t.qtype == Q.Q4_0.id and t.rows % 8 == 0:
                 t0 = time.perf_counter()
@@ -377,6 +384,7 @@ class Qwen3Engine:
                 K.repack_q4_0_to_8x8l(src, dst, K.n_chunks(t.rows // 8))
                 self.repack_seconds += time.perf_counter() - t0
                 self.repacked_bytes += dst.size
+                self.bytes_copied[name] = self.bytes_in_place.pop(name)
                 t = RawTensor(Q.Q4_8X8L.id, t.rows, t.cols, dst)
             stacked[name] = t
         def split(name, g0, g1):
@@ -431,6 +439,19 @@ class Qwen3Engine:
     def pos(self) -> int:
         """Tokens currently in the KV cache. Taught in day11_1."""
         return self.cache.pos
+
+    def memory_report(self) -> dict:
+        """Weight bytes used in place from the file's mapping vs copied at load into anonymous memory.
+
+        Mapped bytes are page cache, shared by every process that maps the same file; copied bytes are
+        private to this process (the default engine row-interleaves plain Q4_0 at load, see the module
+        docstring). Writing the interleaved layout at conversion time would make every byte in place.
+        Taught in day16_1 and day17_3.
+        """
+        return {"in_place_bytes": sum(self.bytes_in_place.values()),
+                "copied_at_load_bytes": sum(self.bytes_copied.values()),
+                "copied_tensors": sorted(self.bytes_copied), "in_place_tensors": sorted(self.bytes_in_place),
+                "copy_seconds": self.repack_seconds}
 
     @property
     def weight_bytes_per_token(self) -> int:
