@@ -58,6 +58,37 @@ def test_executed_notebooks_have_no_errors():
         assert not errors, f"{path}: {errors[0].get('ename')}: {errors[0].get('evalue')}"
 
 
+# A notebook draws when its code shows a matplotlib figure or one of the package's diagrams.
+DRAWS = re.compile(r"\bplt\.(show|subplots|figure)\(|\.savefig\(|\bdiagrams\.|\bdraw_\w+\(")
+
+
+def _executed(html: Path, source: Path) -> Path:
+    return html.parent / "jupyter_execute" / source
+
+
+def _pictures(nb) -> int:
+    return sum(1 for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+               if "image/png" in o.get("data", {}) or "image/svg+xml" in o.get("data", {}))
+
+
+def test_every_notebook_that_draws_shows_its_pictures():
+    """A figure the code draws must reach the book: an inherited MPLBACKEND=Agg once dropped them all."""
+    from kestrel_lab import syllabus
+
+    html = require_built_book()
+    drawing, missing = [], []
+    for nb_id, src in sorted(syllabus.find_notebooks().items()):
+        code = "\n".join(c.source for c in nbformat.read(REPO / src, as_version=4).cells if c.cell_type == "code")
+        if not DRAWS.search(code):
+            continue
+        drawing.append(nb_id)
+        executed = _executed(html, src)
+        if not executed.exists() or _pictures(nbformat.read(executed, as_version=4)) == 0:
+            missing.append(nb_id)
+    assert drawing, "no notebook draws a figure?"
+    assert not missing, f"these notebooks draw but the built book shows no picture: {missing}"
+
+
 def _chromium() -> str:
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if not exe:
@@ -94,6 +125,44 @@ def test_browser_renders_intro_and_a_notebook_page():
     assert re.search(r"<h1[^>]*>.*Day \d\d", dom), "the notebook's Chinese title is not rendered"
     assert 'class="cell docutils container"' in dom or "cell_input" in dom, "no code cell in the DOM"
     assert CJK.search(dom)
+
+
+IMAGE_PROBE = """<html><body><iframe id="f" src="{page}" width="1280" height="4000"></iframe><pre id="out">pending</pre>
+<script>
+document.getElementById('f').onload = function () {{ setTimeout(function () {{
+  var out = document.getElementById('out');
+  try {{
+    var imgs = Array.from(document.getElementById('f').contentDocument.querySelectorAll('img'));
+    out.textContent = 'IMAGES ' + JSON.stringify(imgs.map(function (i) {{
+      return [i.getAttribute('src'), i.complete, i.naturalWidth, i.naturalHeight, i.getBoundingClientRect().width]; }}));
+  }} catch (e) {{ out.textContent = 'ERROR ' + e; }}
+}}, 500); }};
+</script></body></html>"""
+
+
+@pytest.mark.browser
+def test_browser_displays_a_notebook_picture():
+    """Chromium loads a notebook page and its plot images are really displayed (loaded, non-zero size)."""
+    from kestrel_lab import syllabus
+
+    html = require_built_book()
+    page = next((src for _, src in sorted(syllabus.find_notebooks().items())
+                 if _executed(html, src).exists() and _pictures(nbformat.read(_executed(html, src), as_version=4))),
+                None)
+    assert page is not None, "no executed notebook has a picture"
+    probe = html / "_kestrel_image_probe.html"
+    probe.write_text(IMAGE_PROBE.format(page=page.with_suffix(".html").as_posix()), encoding="utf-8")
+    try:
+        dom = _render(probe.as_uri())
+    finally:
+        probe.unlink()
+    m = re.search(r'<pre id="out">IMAGES (.*?)</pre>', dom, re.S)
+    assert m, f"the probe could not read the page's images: {dom[-300:]}"
+    images = json.loads(m.group(1).replace("&amp;", "&"))
+    plots = [i for i in images if "_images/" in (i[0] or "")]
+    assert plots, f"{page}: no plot <img> on the rendered page ({images})"
+    broken = [i for i in plots if not (i[1] and i[2] > 0 and i[3] > 0 and i[4] > 0)]
+    assert not broken, f"{page}: pictures not displayed (src, complete, w, h, shown width): {broken}"
 
 
 @pytest.mark.browser
