@@ -34,11 +34,9 @@ def _book_sources(args) -> int:
     from kestrel_lab import syllabus
 
     if args.check:
-        stale = [p for p, text in (("_toc.yml", syllabus.toc_yaml()),
-                                   ("book/syllabus.md", syllabus.syllabus_markdown()))
-                 if (syllabus.REPO_ROOT / p).read_text(encoding="utf-8") != text]
+        stale = [p for p, text in syllabus.generated_sources() if p.read_text(encoding="utf-8") != text]
         for p in stale:
-            print(f"{p} is out of date: run `kestrel-lab book sources`")
+            print(f"{p.relative_to(syllabus.REPO_ROOT)} is out of date: run `kestrel-lab book sources`")
         return 1 if stale else 0
     for path in syllabus.write_sources():
         print(f"wrote {path}")
