@@ -5,7 +5,7 @@ import re
 import nbformat
 import pytest
 
-from kestrel_lab import syllabus
+from kestrel_lab import booklinks, syllabus
 from kestrel_lab.paths import REPO_ROOT
 
 NOTEBOOKS = syllabus.find_notebooks()
@@ -19,10 +19,20 @@ def test_syllabus_has_90_parts_in_order():
 
 
 def test_generated_sources_are_current():
-    assert (REPO_ROOT / "_toc.yml").read_text(encoding="utf-8") == syllabus.toc_yaml(), \
-        "_toc.yml is stale: run `kestrel-lab book sources`"
-    assert (REPO_ROOT / "book" / "syllabus.md").read_text(encoding="utf-8") == syllabus.syllabus_markdown(), \
-        "book/syllabus.md is stale: run `kestrel-lab book sources`"
+    for path, text in syllabus.generated_sources():
+        assert path.read_text(encoding="utf-8") == text, \
+            f"{path.relative_to(REPO_ROOT)} is stale: run `kestrel-lab book sources`"
+
+
+def test_toc_captions_promise_only_written_topics():
+    toc = (REPO_ROOT / "_toc.yml").read_text(encoding="utf-8")
+    parts = syllabus.load_parts()
+    written_days = {p.day for p in parts if p.written}
+    for week in syllabus.WEEK_TOPICS:
+        for name, first, last in week:
+            if not any(first <= d <= last for d in written_days):
+                assert not re.search(rf"caption: .*[·、]\s*{re.escape(name)}(、|$)", toc, re.M), \
+                    f"_toc.yml promises {name} (days {first}–{last}) but none of its parts is written"
 
 
 def test_syllabus_page_marks_written_parts_honestly():
@@ -77,3 +87,48 @@ def test_papermill_sees_every_parameter(nb_id):
              for t in node.targets if isinstance(t, ast.Name)}
     assert set(papermill.inspect_notebook(str(path))) == names, \
         f"{path.name}: papermill cannot parse some parameter lines (no '=' inside their comments)"
+
+
+# --------------------------------------------------------------------------- the book's reading bar
+RECORDING = re.compile(r"\brec\.(record|not_measured|computed)\(")
+HIDDEN = {"hide-input", "remove-input"}
+
+
+def _nb(nb_id):
+    return nbformat.read(REPO_ROOT / NOTEBOOKS[nb_id], as_version=4)
+
+
+@pytest.mark.parametrize("nb_id", sorted(NOTEBOOKS))
+def test_notebook_opens_with_goals_and_neighbours(nb_id):
+    """学习目标 and a 前置 / 下一步 line in the title cell, so a student knows where they are."""
+    title = _nb(nb_id).cells[0].source
+    for word in ("学习目标", "前置", "下一步"):
+        assert word in title, f"{nb_id}: the title cell needs '{word}' (see book/contributing.md)"
+
+
+@pytest.mark.parametrize("nb_id", sorted(NOTEBOOKS))
+def test_notebook_has_a_laptop_checkable_exercise(nb_id):
+    """book/contributing.md 「练习的写法」: skeleton raising NotImplementedError, a folded reference,
+    and exercise.check(...) — so every build runs the check, on the reference until a student fills in."""
+    cells = _nb(nb_id).cells
+    code = [c for c in cells if c.cell_type == "code"]
+    assert any("raise NotImplementedError" in c.source for c in code), f"{nb_id}: no exercise skeleton"
+    assert any("exercise.check(" in c.source for c in code), f"{nb_id}: no exercise.check(...) cell"
+    assert any("hide-input" in c.metadata.get("tags", []) and "def " in c.source
+               and "raise NotImplementedError" not in c.source for c in code), \
+        f"{nb_id}: the reference solution belongs in a cell tagged hide-input"
+
+
+@pytest.mark.parametrize("nb_id", sorted(NOTEBOOKS))
+def test_recording_is_kept_out_of_the_teaching_cells(nb_id):
+    """Bookkeeping (rec.record / not_measured / computed) lives in cells the book folds."""
+    for i, c in enumerate(_nb(nb_id).cells):
+        if c.cell_type == "code" and RECORDING.search(c.source):
+            assert HIDDEN & set(c.metadata.get("tags", [])), \
+                f"{nb_id} cell {i}: a cell that records figures is tagged hide-input"
+
+
+@pytest.mark.parametrize("page", booklinks.prose_pages(), ids=str)
+def test_every_mention_of_another_part_is_a_link_or_planned(page):
+    found = booklinks.page_problems(page)
+    assert not found, "\n".join(found[:10]) + "\n(run `kestrel-lab book links --fix PAGE`)"
