@@ -26,6 +26,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+
+def half_bits_to_f32(bits: np.ndarray) -> np.ndarray:
+    """IEEE half-precision bit patterns (uint16, or any 2-byte view) → float32, quietly.
+
+    Exact for every finite value and infinity. Signalling-NaN halves raise the FPU's "invalid" flag
+    when converted on aarch64 (not on x86), which numpy turns into ``RuntimeWarning: invalid value
+    encountered in cast``; a NaN stays a NaN either way, so the flag carries no information here.
+    Taught in day04_1.
+    """
+    with np.errstate(invalid="ignore"):
+        return np.asarray(bits).view(np.float16).astype(np.float32)
+
 QK = 32  # values per block in Q8_0 and Q4_0
 
 
@@ -127,7 +139,7 @@ def quantize_q8_0(x: np.ndarray) -> np.ndarray:
 def dequantize_q8_0(raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
     """Q8_0 bytes → float32 (rows, cols). Taught in day04_1."""
     b = np.asarray(raw, dtype=np.uint8).reshape(rows, cols // QK, Q8_0.block_bytes)
-    d = np.ascontiguousarray(b[..., :2]).view(np.float16).astype(np.float32)
+    d = half_bits_to_f32(np.ascontiguousarray(b[..., :2]))
     q = np.ascontiguousarray(b[..., 2:]).view(np.int8).astype(np.float32)
     return (d * q).reshape(rows, cols)
 
@@ -153,7 +165,7 @@ def quantize_q4_0(x: np.ndarray) -> np.ndarray:
 def dequantize_q4_0(raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
     """Q4_0 bytes → float32 (rows, cols). Taught in day04_2."""
     b = np.asarray(raw, dtype=np.uint8).reshape(rows, cols // QK, Q4_0.block_bytes)
-    d = np.ascontiguousarray(b[..., :2]).view(np.float16).astype(np.float32)
+    d = half_bits_to_f32(np.ascontiguousarray(b[..., :2]))
     qs = b[..., 2:]
     q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.float32) - 8
     return (d * q).reshape(rows, cols)
@@ -209,7 +221,7 @@ def dequantize(raw: np.ndarray, qt: int | str | QType, rows: int, cols: int) -> 
     if q is F32:
         return raw.view("<f4").astype(np.float32).reshape(rows, cols)
     if q is F16:
-        return raw.view("<f2").astype(np.float32).reshape(rows, cols)
+        return half_bits_to_f32(raw.view("<u2")).reshape(rows, cols)
     if q is Q8_0:
         return dequantize_q8_0(raw, rows, cols)
     if q is Q4_0:

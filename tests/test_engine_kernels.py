@@ -269,9 +269,13 @@ def test_asm_summary_sees_packed_integer_code(mat):
     packed = ro(Q.repack_q4_8x8l(Q.quantize_q4_0(w), *w.shape))
     K.matvec_q4_8x8l(packed, xe[:1], xd[:1], LUT, np.empty(w.shape[0], np.float32), 2)
     s = K.asm_summary(K.matvec_q4_8x8l)
-    mnemonics = dict(s["top"])
-    assert s["instructions"] > 100 and s["ymm"] + s["zmm"] > 0
-    assert any(m.startswith("vp") for m in mnemonics) or s["ymm"] + s["zmm"] > 20
+    assert s["isa"] == K.host_isa() and s["instructions"] > 100 and s["vector"] > 0
+    if s["isa"] == "x86_64":
+        mnemonics = dict(s["top"])
+        assert s["ymm"] + s["zmm"] > 0
+        assert any(m.startswith("vp") for m in mnemonics) or s["ymm"] + s["zmm"] > 20
+    else:  # aarch64 (the board): NEON v-registers and packed multiply-adds
+        assert s["registers"]["v"] > 20 and s["packed"], s
 
 
 @pytest.mark.slow  # inspect_asm recompiles the kernel (~20 s)
@@ -283,9 +287,55 @@ def test_row_interleaved_kernel_is_packed_int16_code():
     xq = np.zeros((1, cols), np.int8)
     K.matvec_q4_r32(nib, sc, xq, np.zeros((1, cols // 32), np.int16), np.ones((1, cols // 32), np.float32),
                     np.empty(rows, np.float32), 2)
-    mnemonics = dict(K.asm_summary(K.matvec_q4_r32)["top"])
-    assert mnemonics.get("vpmullw", 0) >= 16, mnemonics
-    assert mnemonics.get("vpinsrb", 0) == 0, mnemonics
+    s = K.asm_summary(K.matvec_q4_r32)
+    mnemonics = dict(s["top"])
+    if s["isa"] == "x86_64":
+        assert mnemonics.get("vpmullw", 0) >= 16, mnemonics
+        assert mnemonics.get("vpinsrb", 0) == 0, mnemonics
+    else:  # aarch64: packed int16 multiply-adds on v-registers, no lane-by-lane inserts
+        assert sum(s["packed"].get(op, 0) for op in ("mla", "mul", "smlal", "smlal2", "sdot")) >= 8, s
+        assert mnemonics.get("ins", 0) < 16, mnemonics
+
+
+ARM_ASM = """
+.LBB0_4:
+	ldr	q0, [x8], #16
+	sdot	v1.4s, v0.16b, v2.16b
+	mla	v3.8h, v4.8h, v5.8h
+	mul	x9, x10, x11
+	fadd	s0, s0, s1
+	// a comment
+	b.ne	.LBB0_4
+"""
+X86_ASM = """
+	vpmullw	%ymm1, %ymm2, %ymm3
+	vpmaddwd	%zmm0, %zmm1, %zmm2
+	vaddss	%xmm0, %xmm1, %xmm1
+	imull	%eax, %ecx
+"""
+
+
+def test_parse_asm_knows_both_isas():
+    """The assembly inspection is architecture-aware, so the lesson and the tests mean the same on the board."""
+    arm = K.parse_asm(ARM_ASM, "aarch64")
+    assert arm["instructions"] == 6 and arm["vector"] == 3 and arm["registers"] == {"v": 3}
+    assert arm["packed"] == {"sdot": 1, "mla": 1}  # the scalar mul on x-registers is not packed
+    x86 = K.parse_asm(X86_ASM, "x86_64")
+    assert x86["registers"] == {"zmm": 1, "ymm": 1, "xmm": 1} and x86["vector"] == 3
+    assert x86["packed"] == {"vpmullw": 1, "vpmaddwd": 1}
+    with pytest.raises(ValueError, match="riscv"):
+        K.parse_asm("add a0, a0, a1", "riscv64")
+
+
+def test_half_to_float_is_quiet_for_every_bit_pattern():
+    """Signalling-NaN halves set the FPU's invalid flag on aarch64; converting them must not warn."""
+    from kestrel_lab import quant
+
+    with np.errstate(all="raise"):
+        table = quant.half_bits_to_f32(np.arange(65536, dtype=np.uint16))
+    assert np.isfinite(table).sum() == 65536 - 2048  # exponent 31: 2 infinities and 2,046 NaNs
+    assert np.isnan(table).sum() == 2046 and np.isinf(table).sum() == 2
+    np.testing.assert_array_equal(table, K.F16_TO_F32)
 
 
 def test_quantize_act_rounds_like_c_roundf_just_below_one_half():

@@ -76,10 +76,13 @@ day06_1–3 and day07_1–3 (SIMD, layouts — rows as lanes in day07_1 —, thr
 from __future__ import annotations
 
 import math
+import re
 
 import numba
 import numpy as np
 from numba import njit, prange
+
+from kestrel_lab.quant import half_bits_to_f32
 
 QK = 32           # values per quantization block
 Q8_BYTES = 34     # fp16 scale + 32 int8
@@ -87,7 +90,7 @@ Q4_BYTES = 18     # fp16 scale + 16 bytes of nibbles
 GROUP_BYTES = 144  # one Q4_8X8L record: 8 rows × 18 bytes
 
 # fp16 bits → float32, exact for all 65,536 values (numba has no float16 type on the CPU).
-F16_TO_F32 = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
+F16_TO_F32 = half_bits_to_f32(np.arange(65536, dtype=np.uint16))
 
 
 def n_chunks(rows: int, per_thread: int = 4) -> int:
@@ -829,41 +832,85 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return y
 
 
-def asm_summary(kernel, signature: int = 0) -> dict:
-    """What LLVM made of a compiled kernel: instruction count and how many touch 512-, 256- and 128-bit
-    registers (zmm/ymm/xmm), plus the most frequent mnemonics. Packed integer multiplies
-    (``vpmullw``/``vpmaddwd``) in the hot loop mean it vectorized; a wall of ``vaddss`` means it did
-    not. Call the kernel once first so that it is compiled. Taught in day06_1.
+# What "vectorized" looks like in each ISA's assembly: the vector registers by width, and the packed
+# multiply(-add) instructions an int8/int16/fp32 dot product becomes when LLVM vectorizes it.
+ASM_ISAS = {
+    "x86_64": {"registers": (("zmm", re.compile(r"%?\bzmm\d+")), ("ymm", re.compile(r"%?\bymm\d+")),
+                             ("xmm", re.compile(r"%?\bxmm\d+"))),
+               "packed": ("vpmullw", "vpmaddwd", "vpmaddubsw", "vpdpbusd", "vpdpwssd", "vpmulld",
+                          "vfmadd231ps", "vfmadd213ps", "vmulps")},
+    "aarch64": {"registers": (("v", re.compile(r"\bv\d+\.\d*[bhsd]\b|\bq\d+\b")),),
+                "packed": ("sdot", "udot", "smmla", "mla", "mul", "smlal", "smlal2", "smull", "smull2",
+                           "sadalp", "fmla", "fmul")},
+}
+ASM_ISAS["arm64"] = ASM_ISAS["aarch64"]
+ASM_ISAS["amd64"] = ASM_ISAS["x86_64"]
+
+
+def host_isa() -> str:
+    """The ISA numba compiles for here: ``x86_64`` or ``aarch64``."""
+    import platform
+
+    m = platform.machine().lower()
+    return "aarch64" if m in ("aarch64", "arm64") else "x86_64" if m in ("x86_64", "amd64") else m
+
+
+def parse_asm(asm: str, isa: str | None = None) -> dict:
+    """Count instructions, vector-register use and packed multiplies in assembly text of ``isa``.
+
+    Returns ``isa``, ``instructions``, ``vector`` (instructions touching a vector register),
+    ``registers`` (count per register class, widest first: zmm/ymm/xmm on x86, v on aarch64),
+    ``packed`` (packed multiply(-add) mnemonics with their counts; on aarch64 only their vector
+    forms count, since ``mul``/``mla`` also exist for general registers) and the most frequent
+    mnemonics in ``top``. Taught in day03_2.
     """
     from collections import Counter
 
+    isa = isa or host_isa()
+    spec = ASM_ISAS.get(isa)
+    if spec is None:
+        raise ValueError(f"no assembly rules for ISA {isa!r} (known: {', '.join(sorted(ASM_ISAS))})")
+    ops, regs, packed = Counter(), Counter({name: 0 for name, _ in spec["registers"]}), Counter()
+    vector = 0
+    for line in asm.splitlines():
+        s = line.strip()
+        if not s or s.startswith((".", "#", "//", ";")) or s.endswith(":"):
+            continue
+        op = s.split()[0]
+        ops[op] += 1
+        cls = next((name for name, rx in spec["registers"] if rx.search(s)), None)
+        if cls:
+            regs[cls] += 1
+            vector += 1
+        if op in spec["packed"] and (isa.startswith("x86") or isa == "amd64" or cls):
+            packed[op] += 1
+    return {"isa": isa, "instructions": sum(ops.values()), "vector": vector, "registers": dict(regs),
+            "packed": dict(packed.most_common()), "top": ops.most_common(12)}
+
+
+def asm_summary(kernel, signature: int = 0) -> dict:
+    """What LLVM made of a compiled kernel, for the ISA of this machine (see ``parse_asm``).
+
+    Packed integer multiplies in the hot loop (``vpmullw``/``vpmaddwd`` on x86, ``sdot``/``mla`` on
+    the board's A76) mean it vectorized; a wall of scalar ``vaddss``/``fadd s0`` means it did not. On
+    x86 the keys ``zmm``/``ymm``/``xmm`` are kept for convenience. Call the kernel once first so that
+    it is compiled. Taught in day03_2; day06_1（计划中） reads the assembly in depth.
+    """
     if not kernel.signatures:
         raise ValueError(f"{kernel.__name__} has not been compiled yet: call it once first")
     import warnings
 
-    def parse(asm: str):
-        ops, regs = Counter(), Counter()
-        for line in asm.splitlines():
-            s = line.strip()
-            if not s or s.startswith((".", "#")) or s.endswith(":"):
-                continue
-            ops[s.split()[0]] += 1
-            for r in ("zmm", "ymm", "xmm"):
-                if r in s:
-                    regs[r] += 1
-                    break
-        return ops, regs
-
     sig = kernel.signatures[signature]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ops, regs = parse(kernel.inspect_asm(sig))
-    if not ops:
+        summary = parse_asm(kernel.inspect_asm(sig))
+    if not summary["instructions"]:
         # Loaded from numba's on-disk cache: machine code without its assembly text. Compile a
         # private, uncached copy of the same function for the same signature to see it.
         opts = {k: v for k, v in kernel.targetoptions.items() if k in ("parallel", "fastmath")}
         fresh = njit(**opts)(kernel.py_func)
         fresh.compile(sig)
-        ops, regs = parse(fresh.inspect_asm(sig))
-    return {"instructions": sum(ops.values()), "zmm": regs["zmm"], "ymm": regs["ymm"], "xmm": regs["xmm"],
-            "top": ops.most_common(12)}
+        summary = parse_asm(fresh.inspect_asm(sig))
+    for name in ("zmm", "ymm", "xmm"):
+        summary[name] = summary["registers"].get(name, 0)
+    return summary
