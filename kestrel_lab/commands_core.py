@@ -21,6 +21,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     sweep.add_argument("--cache", default="_build/.jupyter_cache", help="jupyter-cache folder")
     sweep.set_defaults(func=_book_sweep_cache)
 
+    golden = sub.add_parser("golden", help="golden files: the token ids each quantization must produce")
+    golden_sub = golden.add_subparsers(dest="golden_command", metavar="ACTION", required=True)
+    for action, what in (("check", "replay the committed golden file and report mismatches"),
+                         ("update", "regenerate the golden file from this engine and show what changed")):
+        g = golden_sub.add_parser(action, help=what)
+        g.add_argument("--model", default="qwen3-tiny-poem", help="an embedded model under data/models/")
+        g.add_argument("--quant", action="append", choices=("f32", "f16", "q8_0", "q4_0"),
+                       help="only this quantization (repeatable; default all)")
+        g.set_defaults(func=_golden_check if action == "check" else _golden_update)
+
     meas = sub.add_parser("measurements", help="show a notebook's measured figures across runners")
     meas.add_argument("notebook", help="notebook id, e.g. day02_3")
     meas.set_defaults(func=_measurements)
@@ -72,6 +82,29 @@ def _book_sweep_cache(args) -> int:
     for nb in dropped:
         print(f"inputs changed, will re-run: {nb.relative_to(REPO_ROOT)}")
     print(f"book cache: {len(dropped)} of {len(notebooks)} notebooks to re-run because their inputs changed")
+    return 0
+
+
+def _golden_check(args) -> int:
+    from kestrel_lab import golden
+
+    bad = 0
+    for r in golden.check(args.model, args.quant):
+        tolerated = len(r.mismatches) - len(r.failures)
+        print(f"{r.quant:5} {'ok' if r.ok else 'FAIL':4} {r.steps} steps, {len(r.failures)} mismatches "
+              f"(+{tolerated} within the margin threshold {r.threshold:g})")
+        for m in r.failures:
+            print(f"      case {m.case} step {m.step}: golden {m.golden_id} (margin {m.golden_margin:.3f}), got {m.got_id}")
+        bad += not r.ok
+    return 1 if bad else 0
+
+
+def _golden_update(args) -> int:
+    from kestrel_lab import golden
+
+    for line in golden.update(args.model, tuple(args.quant or golden.QUANTS)):
+        print(line)
+    print(f"wrote {golden.golden_path(args.model)}")
     return 0
 
 
