@@ -35,7 +35,30 @@ _MENTION = re.compile(
     rf"|(?P<day>{_B}[Dd]ays?\s*(?P<dd>\d{{1,2}})(?![\d_]|\s*·\s*[1-3]|\.[A-Za-z]|[A-Za-z]))"
     r"|(?P<zday>第\s*(?P<zd>\d{1,2})\s*天)"
 )
-_FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.S | re.M)
+_FENCE_LINE = re.compile(r"^\s*(`{3,}|~{3,})\s*(.*)$")
+
+
+def _code_blocks(text: str) -> list[tuple[int, int]]:
+    """(start, end) offsets of fenced code blocks. A MyST directive fence such as ```{admonition}
+    holds prose (the exercises' answers): its body is scanned like the text, while ```python,
+    ```{code-cell} and bare ``` blocks are code. Nested fences close in order."""
+    blocks, stack, pos = [], [], 0  # stack: (fence, is_code, start)
+    for line in text.splitlines(keepends=True):
+        m = _FENCE_LINE.match(line)
+        if m:
+            fence, info = m.group(1), m.group(2).strip()
+            if stack and not info and fence[0] == stack[-1][0][0] and len(fence) >= len(stack[-1][0]):
+                f, is_code, start = stack.pop()
+                if is_code and not any(c for _, c, _ in stack):
+                    blocks.append((start, pos + len(line)))
+            else:
+                is_code = not (info.startswith("{") and not info.startswith("{code"))
+                stack.append((fence, is_code, pos))
+        pos += len(line)
+    blocks += [(start, len(text)) for _, is_code, start in stack[:1] if is_code]  # unclosed: code to the end
+    return blocks
+
+
 _CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.S)
 _LINK = re.compile(r"\[(?P<text>[^\]\n]*)\]\((?P<target>[^)\s]*)\)")
 _HTML_TAG = re.compile(r"<[^>\n]+>")
@@ -75,8 +98,13 @@ def _masked(text: str) -> tuple[str, list[tuple[int, int, str, str]]]:
             if chars[i] != "\n":
                 chars[i] = " "
 
-    for m in _FENCE.finditer(text):
-        blank(m.start(), m.end())
+    for a, b in _code_blocks(text):
+        blank(a, b)
+    pos = 0
+    for line in text.splitlines(keepends=True):  # directive fence lines: markup, not prose
+        if _FENCE_LINE.match(line):
+            blank(pos, pos + len(line))
+        pos += len(line)
     # Math, HTML tags and MyST directive option lines are not prose either.
     for m in _HTML_TAG.finditer(text):
         blank(m.start(), m.end())

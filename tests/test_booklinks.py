@@ -45,3 +45,9 @@ def test_problems_name_the_page_line_and_the_fix():
     assert "day06_1（计划中）" in found[1]
     assert booklinks.problems("[day10_1](../day11/x.ipynb)", PAGE, WRITTEN)[0].endswith("not to the notebook of day10_1")
     assert booklinks.problems(_fix("见 day10_1，day06_1 讲"), PAGE, WRITTEN) == []
+
+
+def test_answers_inside_admonitions_are_prose_but_code_directives_are_not():
+    text = "```{admonition} 参考答案\n:class: dropdown\n见 day10_1。\n```\n```{code-cell} python\nday10_1\n```\n"
+    assert _fix(text) == text.replace("见 day10_1", "见 [day10_1](../day10/day10_1_attention.ipynb)")
+    assert _fix("````md\n```{admonition} x\nday10_1\n```\n````") == "````md\n```{admonition} x\nday10_1\n```\n````"
