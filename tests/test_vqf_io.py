@@ -268,3 +268,23 @@ def test_write_vqf_progress_line_and_raw_view(tmp_path, cfg, capsys):
         np.testing.assert_array_equal(raw[t.offset:t.offset + t.nbytes], t.data)
     with pytest.raises(ValueError, match="closed"):
         vf.raw
+
+
+def test_written_files_honour_the_umask(tmp_path):
+    """Outputs get the permissions ordinary tools give (umask), not mkstemp's private 0600."""
+    import os
+    import stat
+
+    from kestrel_lab.atomic import write_json
+
+    old = os.umask(0o022)
+    try:
+        p = write_json(tmp_path / "m.json", {"a": 1})
+        out = tmp_path / "t.vqf"
+        from kestrel_lab.vqf.synth import small_vl_config, write_random
+
+        write_random(out, small_vl_config(), "q8_0", seed=1)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(p.stat().st_mode) == 0o644
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644

@@ -18,13 +18,13 @@ import contextlib
 import os
 import struct
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
 
+from kestrel_lab.atomic import new_temp_file
 from kestrel_lab.config import ModelConfig
 from kestrel_lab.vqf import format as F
 from kestrel_lab.vqf.checksum import FNV_OFFSET, fnv1a64
@@ -99,7 +99,7 @@ class VQFWriter:
         # Build the header before creating anything: a config that does not fit fails cleanly.
         head = self.plan.header_bytes(source=self.source, created=self.created)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, self._tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        fd, self._tmp = new_temp_file(self.path)
         self._fh = os.fdopen(fd, "wb", buffering=1 << 20)
         self._t0 = time.perf_counter()
         self._fh.write(head)
