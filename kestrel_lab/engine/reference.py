@@ -10,7 +10,8 @@ the engine to ~1e-5 relative shows the kernels compute what they claim; any larg
 max KL divergence of the next-token distributions, top-1 agreement, max abs difference. This is the
 honest measure of quantization error — a greedy continuation can survive a large KL or break on a
 small one when two candidates are nearly tied.
-Taught in day12_3 (logits against a reference) and day25_2 (KL per quantization).
+Taught in day12_3 (the notebook checks its own 30-line forward against ``reference_logits`` and
+its KL / top-1 against ``logit_agreement``) and day25_2 (KL per quantization).
 """
 from __future__ import annotations
 
@@ -97,7 +98,7 @@ def reference_logits(config: ModelConfig, tensors, ids) -> np.ndarray:
 def logit_agreement(ref: np.ndarray, other: np.ndarray) -> dict:
     """How far ``other`` logits (T, vocab) are from ``ref``: KL(ref‖other) of the softmaxes (mean, max,
     in nats), top-1 agreement (fraction of positions whose argmax agrees), max abs difference and the
-    logits' scale. Taught in day25_2.
+    logits' scale. Taught in day12_3 (exercise A1 re-derives it) and day25_2.
     """
     ref = np.asarray(ref, np.float64).reshape(-1, np.shape(ref)[-1])
     other = np.asarray(other, np.float64).reshape(ref.shape)
