@@ -49,7 +49,8 @@ def _convert(args) -> int:
                           "output_bytes": rep.output_bytes, "source_bytes": rep.source_bytes,
                           "bytes_read": rep.bytes_read, "seconds": round(rep.seconds, 4),
                           "mb_per_s": round(rep.mb_per_s, 2), "hash_seconds": round(rep.hash_seconds, 4),
-                          "sha256": rep.sha256, "rss_start": rep.rss_start, "rss_peak": rep.rss_peak,
+                          "sha256": rep.sha256, "source_sha256": rep.sha256,
+                          "output_sha256": rep.output_sha256, "rss_start": rep.rss_start, "rss_peak": rep.rss_peak,
                           "unused_source_tensors": rep.unused}, indent=1))
     else:
         print(rep.summary())

@@ -57,10 +57,11 @@ class ConversionReport:
     bytes_read: int            # tensor bytes read (a tied embedding is read twice)
     seconds: float             # conversion, without the optional hashing
     hash_seconds: float
-    sha256: str | None
+    sha256: str | None         # of the source safetensors (recorded in the VQF's signature block)
     rss_start: int             # resident set size when the first tensor started, bytes
     rss_peak: int              # highest resident set size sampled between chunks, bytes
     unused: list[str] = field(default_factory=list)  # checkpoint tensors no entry uses
+    output_sha256: str | None = None  # of the VQF file written (what `sha256sum model.vqf` prints)
 
     @property
     def mb_per_s(self) -> float:
@@ -76,7 +77,9 @@ class ConversionReport:
                 f"{self.source_bytes:,} bytes of safetensors in {self.seconds:.2f} s "
                 f"({self.mb_per_s:.1f} MB/s of source); resident memory +{self.rss_growth / 1e6:.1f} MB "
                 f"(sampled between chunks; peak {self.rss_peak / 1e6:.1f} MB)"
-                + (f"; sha256 {self.sha256[:16]}… in {self.hash_seconds:.2f} s" if self.sha256 else ""))
+                + (f"; source sha256 (safetensors) {self.sha256[:16]}…" if self.sha256 else "")
+                + (f"; output sha256 (this VQF) {self.output_sha256[:16]}…" if self.output_sha256 else "")
+                + (f" (hashing {self.hash_seconds:.2f} s)" if self.sha256 or self.output_sha256 else ""))
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -255,11 +258,17 @@ def convert(hf_dir: str | os.PathLike, out_path: str | os.PathLike, quant: str =
             for s in specs:
                 w.write_tensor_parts(s.name, _chunks(ck, s, Q.qtype(s.qtype), chunk_values, stats))
         seconds = time.perf_counter() - t0
+        out_sha = None
+        if hash_source:
+            t1 = time.perf_counter()
+            with open(out_path, "rb") as fh:
+                out_sha = hashlib.file_digest(fh, "sha256").hexdigest()
+            hash_seconds += time.perf_counter() - t1
         return ConversionReport(
             source=hf_dir, output=out_path, quant=quant.lower(), n_tensors=len(specs),
             output_bytes=out_path.stat().st_size, source_bytes=ck.nbytes(), bytes_read=stats["bytes_read"],
             seconds=seconds, hash_seconds=hash_seconds, sha256=sha, rss_start=rss0,
-            rss_peak=stats["rss_peak"], unused=unused)
+            rss_peak=stats["rss_peak"], unused=unused, output_sha256=out_sha)
 
 
 def source_pattern(sources: tuple[str, ...] | list[str]) -> str:

@@ -294,3 +294,17 @@ def test_name_map_table_is_generated_from_the_layout():
     md = name_map_markdown(cfg)
     assert md.count("\n") == 42 and "| 18 | `v_patch` | F32 | 1,024 × 1,536 |" in md
     assert source_pattern(("a.1.x", "a.3.x")) == "a.1.x + a.3.x"              # not a run: listed
+
+
+def test_summary_labels_the_source_and_the_output_hash(tmp_path):
+    """A reader expects `sha256sum model.vqf` next to the output: both hashes are there, labelled."""
+    import hashlib
+
+    from kestrel_lab.tiny_model import tiny_model_dir
+
+    out = tmp_path / "m.vqf"
+    rep = convert(tiny_model_dir(), out, "q8_0")
+    assert rep.output_sha256 == hashlib.sha256(out.read_bytes()).hexdigest()
+    text = rep.summary()
+    assert f"output sha256 (this VQF) {rep.output_sha256[:16]}" in text
+    assert f"source sha256 (safetensors) {rep.sha256[:16]}" in text
