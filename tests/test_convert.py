@@ -298,8 +298,6 @@ def test_name_map_table_is_generated_from_the_layout():
 
 def test_summary_labels_the_source_and_the_output_hash(tmp_path):
     """A reader expects `sha256sum model.vqf` next to the output: both hashes are there, labelled."""
-    import hashlib
-
     from kestrel_lab.tiny_model import tiny_model_dir
 
     out = tmp_path / "m.vqf"
