@@ -30,6 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     rr.add_argument("--keep-going", action="store_true", help="run the other notebooks after a failure")
     rr.add_argument("--force", action="store_true", help="re-run notebooks already done in the run folder")
     rr.add_argument("--new-run", action="store_true", help="start a new run folder instead of resuming")
+    rr.add_argument("--allow-dirty", action="store_true",
+                    help="run and publish even though the checkout has uncommitted changes (figures from "
+                         "such a tree cannot be reproduced; each published file records allow_dirty: true)")
     rr.add_argument("--run-dir", type=Path, help="use (or resume) this run folder")
     rr.add_argument("--runs-root", type=Path, help="where run folders go (default: runs/ in the checkout)")
     rr.add_argument("--root", type=Path, help=argparse.SUPPRESS)  # tests: a tree with notebooks/
@@ -66,7 +69,7 @@ def _rerun(args) -> int:
     results, folder = _r.rerun(args.runner, notebooks, params=_r.parse_parameters(args.parameter),
                                timeout=args.timeout, jobs=args.jobs, cpus=cpus, keep_going=args.keep_going,
                                force=args.force, runs_root=args.runs_root or root / "runs",
-                               run_dir=args.run_dir, new_run=args.new_run)
+                               run_dir=args.run_dir, new_run=args.new_run, allow_dirty=args.allow_dirty)
     from kestrel_lab.paths import measurements_dir
 
     ok = all(r.status == _r.OK for r in results)

@@ -92,20 +92,49 @@ def _versions() -> dict[str, str | None]:
     return out
 
 
+# What a re-run itself writes into the checkout: never a reason to call the tree dirty.
+DIRTY_IGNORED = ("data/measurements/", "runs/")
+
+
+def dirty_files(repo: Path | None = None) -> list[str] | None:
+    """The files of the checkout that differ from its commit (``git status``): modified, added or
+    deleted tracked files, and untracked files under ``kestrel_lab/`` or ``notebooks/`` (code a
+    notebook would run but no commit holds). What a re-run writes (``DIRTY_IGNORED``) does not count.
+    None when ``repo`` is not a git checkout (nothing can be told). Taught in day28_2."""
+    from kestrel_lab.paths import REPO_ROOT
+
+    repo = Path(repo or REPO_ROOT)
+    try:
+        res = subprocess.run(["git", "-C", str(repo), "status", "--porcelain=v1", "--untracked-files=all"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if res.returncode != 0:
+        return None
+    out = []
+    for line in res.stdout.splitlines():
+        code, path = line[:2], line[3:].strip().strip('"')
+        path = path.split(" -> ")[-1]
+        if path.startswith(DIRTY_IGNORED):
+            continue
+        if code == "??" and not path.startswith(("kestrel_lab/", "notebooks/")):
+            continue
+        out.append(path)
+    return sorted(out)
+
+
 @lru_cache(maxsize=1)
 def git_commit() -> str | None:
-    """The checkout's commit, with ``+dirty`` when the working tree differs from it."""
+    """The checkout's commit, with ``+dirty`` when the code differs from it (``dirty_files``: what a
+    re-run writes itself, such as the figures it publishes, does not count)."""
     from kestrel_lab.paths import REPO_ROOT
 
     try:
         sha = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short=12", "HEAD"],
                              capture_output=True, text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain",
-                                "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return sha + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
+    return sha + ("+dirty" if dirty_files(REPO_ROOT) else "")
 
 
 def numba_threading(probe: bool = False) -> dict:

@@ -36,7 +36,7 @@ from kestrel_lab.paths import measurements_dir
 SCHEMA = "kestrel-lab/measurements/1"
 NOTEBOOK_ID = re.compile(r"^day(0[1-9]|[12][0-9]|30)_[123]$")
 RUNNER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-STATUSES = ("measured", "not_measured", "article")
+STATUSES = ("measured", "computed", "not_measured", "article")
 # Set by ``kestrel-lab rerun`` for each notebook it executes: ``Recorder.save()`` then writes into this
 # folder, and the runner moves the file into data/measurements/<runner>/ only once the whole notebook
 # has succeeded (so a notebook that fails after ``save()`` never replaces the runner's good figures).
@@ -178,6 +178,15 @@ class Recorder:
         """Record a measured figure and return its value (so it can be used inline)."""
         value = _check_value(name, value)
         self.figures[name] = Figure(name, value, unit, meaning, "measured", None, _jsonable(extra))
+        return value
+
+    def computed(self, name: str, value, unit: str, meaning: str, **extra):
+        """Record a figure computed or planned from inputs (a config, a formula), not measured; return it.
+
+        The comparison table labels it as computed, so nobody mistakes a planned size for a measurement.
+        """
+        value = _check_value(name, value)
+        self.figures[name] = Figure(name, value, unit, meaning, "computed", None, _jsonable(extra))
         return value
 
     def not_measured(self, name: str, unit: str, meaning: str, reason: str) -> None:
@@ -378,6 +387,9 @@ def _row(doc: dict, fig: dict) -> dict:
         "commit": mach.get("git_commit") or ("article" if doc["source"] == "article" else "?"),
         "source": doc["source"],
         "stale": None,
+        "kind": machine_kind(doc) if doc["source"] == "run" else None,
+        "params": prov.get("parameters") or {},
+        "disagree": False,
     }
 
 
@@ -396,11 +408,77 @@ def format_value(value, status: str = "measured", reason: str | None = None) -> 
     return f"{value:,.4g}" if mag >= 1000 else f"{value:.4g}"
 
 
+def machine_kind(doc: dict) -> tuple | None:
+    """What "the same kind of machine" means when two runners' figures are compared: the CPU models
+    with their CPU counts, and the core count, from the provenance; None when the document carries no
+    machine (an article's figures). Taught in day28_3."""
+    mach = doc["provenance"].get("machine") or {}
+    if not mach.get("clusters") and not mach.get("cores"):
+        return None
+    models = tuple(sorted((str(c.get("model")), len(c.get("cpus") or [])) for c in mach.get("clusters") or []))
+    return models, mach.get("cores")
+
+
+TIMING_UNITS = ("s", "ms", "µs", "us", "ns", "x", "×")
+
+
+def is_timing_unit(unit: str) -> bool:
+    """A time, a throughput (``…/s``) or a speed-up (``x``): the figures a busy machine disturbs."""
+    return unit in TIMING_UNITS or unit.endswith("/s")
+
+
+def _comparable(row: dict) -> bool:
+    v = row["value"]
+    return (row["source"] == "run" and row["status"] == "measured" and row.get("kind") is not None
+            and is_timing_unit(row["unit"])
+            and isinstance(v, (int, float)) and not isinstance(v, bool) and v != 0)
+
+
+def mark_disagreements(rows: list[dict], factor: float = 2.0) -> int:
+    """Set ``row["disagree"]`` on every measured timing (a time, a throughput, a speed-up:
+    ``is_timing_unit``) that differs by more than ``factor`` from a sibling runner's value of the same
+    figure, measured on the same kind of machine (``machine_kind``) with the same notebook parameters
+    and unit. Return how many rows were marked.
+
+    Two runs of the same notebook on the same kind of machine should agree within noise; a factor of
+    two means one of them was disturbed (a busy machine, another commit, a governor left on
+    powersave): neither figure should be trusted before a re-run. Taught in day28_3.
+    """
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        row.setdefault("disagree", False)
+        if _comparable(row):
+            key = (row["figure"], row["unit"], row["kind"], json.dumps(row.get("params") or {}, sort_keys=True))
+            groups.setdefault(key, []).append(row)
+    n = 0
+    for group in groups.values():
+        if len({r["runner"] for r in group}) < 2:
+            continue
+        if len({r["value"] > 0 for r in group}) > 1:
+            continue  # values of both signs (a difference, an offset): a ratio means nothing
+        mags = [abs(r["value"]) for r in group]
+        lo, hi = min(mags), max(mags)
+        if hi <= factor * lo:
+            continue
+        for r in group:
+            if abs(r["value"]) > factor * lo or abs(r["value"]) * factor < hi:
+                r["disagree"] = True
+                n += 1
+    return n
+
+
 class FigureTable:
-    """Rows of figures; renders as HTML in a notebook and as Markdown in text."""
+    """Rows of figures, grouped by figure (its name once, then one row per runner).
+
+    Renders as HTML in a notebook — inside a collapsed ``<details>`` when it has more than
+    ``COLLAPSE_ROWS`` rows, so the end of every notebook stays short — and as Markdown for the command
+    line (``kestrel-lab compare``), where every row keeps the figure's name so it can be grepped.
+    """
 
     columns = ("figure", "runner", "value", "unit", "date", "commit")
     STALE_MARK = "⚠"
+    DISAGREE_MARK = "≠2×"
+    COLLAPSE_ROWS = 12
 
     def __init__(self, rows: list[dict], title: str = "", notes: list[str] | None = None):
         self.rows = rows
@@ -411,8 +489,19 @@ class FigureTable:
         value = format_value(row["value"], row["status"], row.get("reason"))
         if row["source"] == "article":
             value += " (article)"
+        elif row["status"] == "computed":
+            value += " (computed)"
+        if row.get("disagree"):
+            value += f" {self.DISAGREE_MARK}"
         commit = row["commit"] + (f" {self.STALE_MARK}" if row.get("stale") else "")
         return [row["figure"], row["runner"], value, row["unit"], row["date"], commit]
+
+    def groups(self) -> list[list[dict]]:
+        """The rows grouped by figure, in the order the figures first appear."""
+        out: dict[str, list[dict]] = {}
+        for r in self.rows:
+            out.setdefault(r["figure"], []).append(r)
+        return list(out.values())
 
     def to_markdown(self) -> str:
         head = "| " + " | ".join(self.columns) + " |\n|" + "---|" * len(self.columns) + "\n"
@@ -423,14 +512,38 @@ class FigureTable:
     def _repr_markdown_(self) -> str:
         return (f"**{self.title}**\n\n" if self.title else "") + self.to_markdown()
 
+    def collapsed(self) -> bool:
+        """True when the HTML view folds the table (more than ``COLLAPSE_ROWS`` rows)."""
+        return len(self.rows) > self.COLLAPSE_ROWS
+
     def _repr_html_(self) -> str:
         head = "".join(f"<th>{c}</th>" for c in self.columns)
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in self._cells(r)) + "</tr>"
-                       for r in self.rows)
+        body = []
+        for group in self.groups():
+            meaning = html.escape(group[0].get("meaning") or "", quote=True)
+            for i, r in enumerate(group):
+                cells = self._cells(r)
+                first = (f'<th scope="rowgroup" rowspan="{len(group)}" title="{meaning}">'
+                         f"{html.escape(cells[0])}</th>") if i == 0 else ""
+                body.append("<tr>" + first + "".join(f"<td>{html.escape(c)}</td>" for c in cells[1:]) + "</tr>")
+        tbody = "".join(f"<tbody>{''.join(body[a:b])}</tbody>" for a, b in self._group_spans())
         cap = f"<caption>{html.escape(self.title)}</caption>" if self.title else ""
+        table = f'<table class="kestrel-figures">{cap}<thead><tr>{head}</tr></thead>{tbody}</table>'
         notes = "".join(f'<p class="kestrel-figures-note">{html.escape(n)}</p>' for n in self.notes)
-        return (f'<table class="kestrel-figures">{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody>'
-                f'</table>{notes}')
+        if self.collapsed():
+            n_fig = len(self.groups())
+            flags = sum(bool(r.get("disagree")) for r in self.rows)
+            extra = f"，其中 {flags} 行标了 {self.DISAGREE_MARK}" if flags else ""
+            summary = html.escape(f"{self.title or '对照表'}：{n_fig} 个数字，{len(self.rows)} 行{extra}（点击展开）")
+            table = f'<details class="kestrel-figures"><summary>{summary}</summary>{table}</details>'
+        return table + notes
+
+    def _group_spans(self) -> list[tuple[int, int]]:
+        spans, start = [], 0
+        for g in self.groups():
+            spans.append((start, start + len(g)))
+            start += len(g)
+        return spans
 
     def __repr__(self) -> str:
         return self.to_markdown()
@@ -440,11 +553,13 @@ class FigureTable:
 
 
 def compare(notebook: str, root: Path | None = None) -> FigureTable:
-    """A notebook's figures side by side across every runner that measured them.
+    """A notebook's figures side by side across every runner that measured them, grouped by figure.
 
     Each row says who measured the figure, when, and with which kestrel_lab commit; ⚠ marks a figure
-    measured with a commit older than the notebook's last change (re-run it to refresh). Taught in
-    day01_3 and day28_1.
+    measured with a commit older than the notebook's last change (re-run it to refresh); ≠2× marks a
+    measured timing more than twice (or less than half) a sibling runner's on the same kind of machine
+    with the same parameters (``mark_disagreements``); "(computed)" marks a figure computed from a
+    config or a formula rather than measured. Taught in day01_3, day28_1 and day28_3.
     """
     docs = load_notebook(check_notebook_id(notebook), root)
     order: list[str] = []
@@ -460,4 +575,11 @@ def compare(notebook: str, root: Path | None = None) -> FigureTable:
     if any(r["stale"] for r in rows):
         notes.append(f"{FigureTable.STALE_MARK} measured with a kestrel_lab commit older than the "
                      f"notebook's current one ({notebook_commit(notebook)}): re-run to refresh.")
-    return FigureTable(rows, title=f"{notebook}: figures by runner", notes=notes)
+    if mark_disagreements(rows):
+        notes.append(f"{FigureTable.DISAGREE_MARK} 同一种机器（相同的 CPU 型号与核数）、相同参数下，两个 runner "
+                     "测得的这个时间/吞吐相差超过 2 倍：至少有一次测量被干扰了（机器忙、commit 不同、调频策略不同），"
+                     "两个数字都先别信，在安静的机器上重跑再比。")
+    if any(r["source"] == "run" and str(r["commit"]).endswith("+dirty") for r in rows):
+        notes.append("+dirty 表示测量时工作区有未提交的改动：这样的数字无法按 commit 复现；"
+                     "`kestrel-lab rerun` 默认拒绝发布它们（见 --allow-dirty）。")
+    return FigureTable(rows, title=f"{notebook}：各 runner 的数字", notes=notes)

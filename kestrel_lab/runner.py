@@ -17,6 +17,11 @@ Why the pieces look the way they do:
   after the *whole* notebook succeeded. A notebook that fails, times out or is interrupted — even after
   its ``save()`` cell — never replaces that runner's previous good figures, nor touches another
   notebook's or another runner's.
+* Figures are reproducible only from a committed tree: a figure's provenance names the commit it was
+  measured with, and ``<commit>+dirty`` names no code anyone can check out again. So ``rerun``
+  refuses to start (and to publish) while the checkout has uncommitted changes (``dirty_files``),
+  unless ``--allow-dirty`` says so on purpose — which is then recorded in every published file's
+  provenance (``allow_dirty: true``) and in the run folder's ``run.json``.
 * The run folder keeps ``run.json`` (the state of every notebook), the executed notebooks and their
   logs, so that re-running the same command resumes: notebooks already done there are skipped unless
   ``--force``.
@@ -46,6 +51,7 @@ from pathlib import Path
 
 from kestrel_lab import measure
 from kestrel_lab.atomic import atomic_write, write_json
+from kestrel_lab.machine import DIRTY_IGNORED, dirty_files  # noqa: F401 - re-exported for the re-run loop
 from kestrel_lab.paths import REPO_ROOT, measurements_dir
 
 STATE_FILE = "run.json"
@@ -59,6 +65,16 @@ OK = "ok"
 
 class RunnerError(ValueError):
     """Bad arguments or state for a re-run (an unknown notebook, a bad --cpus range, …)."""
+
+
+def dirty_refusal(files: list[str], repo: Path | None = None, limit: int = 10) -> str:
+    """The message that refuses a re-run from a dirty tree: which files, and how to proceed."""
+    shown = ", ".join(files[:limit]) + (f" … and {len(files) - limit} more" if len(files) > limit else "")
+    return (f"refused: the checkout {repo or REPO_ROOT} has uncommitted changes in {len(files)} file"
+            f"{'s' if len(files) != 1 else ''} ({shown}). Figures measured from it would carry the commit "
+            f"'<commit>+dirty', which nobody can check out to reproduce them. Commit the changes (or "
+            f"`git stash` them) and run the same command again; or pass --allow-dirty to publish the "
+            f"figures anyway (each file's provenance then says allow_dirty: true).")
 
 
 # --------------------------------------------------------------------------- argument parsing
@@ -270,12 +286,14 @@ def _count(doc: dict) -> tuple[int, int]:
 
 
 def publish(staged: Path, runner: str, notebook: str, root: Path | None = None,
-            rerun_info: dict | None = None) -> Path:
+            rerun_info: dict | None = None, allow_dirty: bool = False) -> Path:
     """Validate a staged measurements file and write it atomically to ``<root>/<runner>/<notebook>.json``.
 
     Refuses a file that claims another runner or notebook: the runner writes only its own label.
     ``rerun_info`` (seconds, run folder, pinning) is added to the provenance as ``rerun``, so the book
-    can say how long each notebook took on each runner. Taught in day28_2.
+    can say how long each notebook took on each runner. ``allow_dirty`` (``--allow-dirty``) is written
+    into the provenance as ``allow_dirty: true``, so a figure published from a dirty tree says it was
+    published so on purpose. Taught in day28_2.
     """
     doc = measure.load_file(staged)
     if doc["provenance"]["runner"] != runner:
@@ -286,6 +304,8 @@ def publish(staged: Path, runner: str, notebook: str, root: Path | None = None,
     target = (root or measurements_dir()) / runner / f"{notebook}.json"
     if rerun_info:
         doc["provenance"]["rerun"] = rerun_info
+    if allow_dirty:
+        doc["provenance"]["allow_dirty"] = True
     measure.validate(doc, where=str(staged))
     return write_json(target, doc)
 
@@ -301,8 +321,10 @@ class _Executor:
     """Runs notebooks in worker processes; tracks them so that Ctrl-C stops them all."""
 
     def __init__(self, folder: RunFolder, runner: str, params: dict, *, timeout: float,
-                 cpus: list[int] | None, measurements_root: Path | None, kernel: str):
+                 cpus: list[int] | None, measurements_root: Path | None, kernel: str,
+                 allow_dirty: bool = False, repo: Path | None = None):
         self.folder, self.runner, self.params = folder, runner, params
+        self.allow_dirty, self.repo = allow_dirty, repo
         self.timeout, self.cpus, self.root, self.kernel = timeout, cpus, measurements_root, kernel
         self.procs: set[subprocess.Popen] = set()
         self.lock = threading.Lock()
@@ -376,12 +398,19 @@ class _Executor:
         staged = stage / self.runner / f"{notebook}.json"
         extra = sorted(p.relative_to(stage).as_posix() for p in stage.rglob("*.json") if p != staged)
         if status == OK:
-            if staged.exists():
+            dirty = None if self.allow_dirty else dirty_files(self.repo)
+            if staged.exists() and dirty:  # the tree changed while the notebook ran
+                result.status, result.error = "failed", ("its figures were not published: "
+                                                         + dirty_refusal(dirty, self.repo))
+            elif staged.exists():
                 try:
                     doc = measure.load_file(staged)
-                    publish(staged, self.runner, notebook, self.root, rerun_info={
-                        "seconds": result.seconds, "run": self.folder.path.name, "timeout": self.timeout,
-                        "cpus": self.cpus, "jobs": self.folder.state.get("jobs", 1)})
+                    info = {"seconds": result.seconds, "run": self.folder.path.name, "timeout": self.timeout,
+                            "cpus": self.cpus, "jobs": self.folder.state.get("jobs", 1)}
+                    if self.allow_dirty:
+                        info["allow_dirty"] = True
+                    publish(staged, self.runner, notebook, self.root, rerun_info=info,
+                            allow_dirty=self.allow_dirty)
                     result.figures, result.not_measured = _count(doc)
                 except (OSError, ValueError) as e:
                     result.status, result.error = "failed", f"its figures were not published: {e}"
@@ -482,10 +511,14 @@ def rerun(runner: str, notebooks: dict[str, Path], *, params: dict | None = None
           timeout: float = DEFAULT_TIMEOUT_S, jobs: int = 1, cpus: list[int] | None = None,
           keep_going: bool = False, force: bool = False, runs_root: Path | None = None,
           run_dir: Path | None = None, new_run: bool = False, measurements_root: Path | None = None,
-          kernel: str = "python3", out=None) -> tuple[list[Result], RunFolder]:
+          kernel: str = "python3", allow_dirty: bool = False, repo: Path | None = None,
+          out=None) -> tuple[list[Result], RunFolder]:
     """Execute ``notebooks`` for ``runner`` and publish their figures; return one Result each.
 
-    Taught in day28_2.
+    Refuses (``RunnerError``, before anything runs) while the checkout has uncommitted changes
+    (``dirty_files``) unless ``allow_dirty``, which is then recorded in every published file's
+    provenance and in ``run.json``. ``repo`` is the checkout whose state is checked (default: this
+    book's, which holds the package and the notebooks). Taught in day28_2.
     """
     out = out or sys.stdout
     measure.check_runner(runner)
@@ -497,7 +530,10 @@ def rerun(runner: str, notebooks: dict[str, Path], *, params: dict | None = None
         raise RunnerError("--jobs must be at least 1")
     if timeout <= 0:
         raise RunnerError("--timeout must be positive")
-    settings = {"timeout": timeout, "cpus": cpus, "jobs": jobs}
+    dirty = dirty_files(repo)
+    if dirty and not allow_dirty:
+        raise RunnerError(dirty_refusal(dirty, repo))
+    settings = {"timeout": timeout, "cpus": cpus, "jobs": jobs, "allow_dirty": bool(allow_dirty)}
     if run_dir is not None:
         run_dir = Path(run_dir)
         if (run_dir / STATE_FILE).exists():
@@ -526,6 +562,11 @@ def rerun(runner: str, notebooks: dict[str, Path], *, params: dict | None = None
     pin = f", pinned to CPUs {cpus}" if cpus else ""
     print(f"run folder {folder.path} ({how}); runner {runner}; {len(todo)} to run, {len(skipped)} "
           f"already done there; timeout {timeout:g} s per notebook; {jobs} at a time{pin}", file=out)
+    if dirty is None:
+        print("warning: not a git checkout: the figures' provenance cannot name a commit", file=out)
+    elif dirty:
+        print(f"warning: --allow-dirty: {len(dirty)} uncommitted file(s) ({', '.join(dirty[:5])}"
+              f"{' …' if len(dirty) > 5 else ''}); the published figures say allow_dirty: true", file=out)
     if params:
         print("parameters: " + ", ".join(f"{k}={v!r}" for k, v in params.items()), file=out)
         declared = set().union(*(declared_parameters(p) for p in notebooks.values()))
@@ -536,7 +577,7 @@ def rerun(runner: str, notebooks: dict[str, Path], *, params: dict | None = None
 
     results: dict[str, Result] = {nb: folder.result(nb) for nb in skipped}
     ex = _Executor(folder, runner, params, timeout=timeout, cpus=cpus,
-                   measurements_root=measurements_root, kernel=kernel)
+                   measurements_root=measurements_root, kernel=kernel, allow_dirty=allow_dirty, repo=repo)
     pending = list(todo)
     running: dict[Future, str] = {}
     failed = False

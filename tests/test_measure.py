@@ -99,3 +99,75 @@ def test_article_datasets_are_valid_and_marked():
         assert all(f["status"] == "article" for f in art[0]["figures"])
     sha = {f["name"]: f["value"] for f in measure.load_notebook("day18_2")[0]["figures"]}["vocab_bin_sha256"]
     assert sha == "299e1c156bff1b85b5b4dc098c1d7f2e33e0b76fe1967d0d21df328985637a73"
+
+
+def _doc(notebook, runner, figures, *, model="AMD EPYC", cores=2, params=None, commit="0123456789ab"):
+    """A run's document with a chosen machine kind: figures are (name, value, unit[, status])."""
+    rec = measure.Recorder(notebook, runner, params=params if params is not None else {"quick": True})
+    for name, value, unit, *status in figures:
+        (rec.computed if status == ["computed"] else rec.record)(name, value, unit, f"meaning of {name}")
+    doc = rec.document()
+    doc["provenance"]["machine"].update(clusters=[{"model": model, "max_mhz": None, "cpus": list(range(cores))}],
+                                        cores=cores, git_commit=commit)
+    return doc
+
+
+def _write(root, doc):
+    from kestrel_lab.atomic import write_json
+
+    write_json(root / doc["provenance"]["runner"] / f"{doc['notebook']}.json", doc)
+
+
+def test_computed_figures_are_labelled(tmp_path):
+    _write(tmp_path, _doc("day16_3", "ci-check", [("file_bytes", 4096, "B", "computed"), ("t", 1.0, "s")]))
+    table = measure.compare("day16_3", tmp_path)
+    md = table.to_markdown()
+    assert "4,096 (computed)" in md and "1 (computed)" not in md
+    assert [r["status"] for r in table.rows] == ["computed", "measured"]
+
+
+def test_compare_flags_a_twofold_difference_on_the_same_machine_kind(tmp_path):
+    _write(tmp_path, _doc("day23_2", "ci-check", [("tok_s", 50.0, "tok/s"), ("n", 3, "tokens"), ("ms", 10.0, "ms")]))
+    _write(tmp_path, _doc("day23_2", "local", [("tok_s", 150.0, "tok/s"), ("n", 9, "tokens"), ("ms", 15.0, "ms")]))
+    # another kind of machine, or other parameters: a different figure is expected, nothing flagged
+    _write(tmp_path, _doc("day23_2", "rk3588-a76", [("tok_s", 5.0, "tok/s")], model="Cortex-A76", cores=4))
+    _write(tmp_path, _doc("day23_2", "ci-check-full", [("tok_s", 900.0, "tok/s")], params={"quick": False}))
+    table = measure.compare("day23_2", tmp_path)
+    flags = {(r["figure"], r["runner"]): r["disagree"] for r in table.rows}
+    assert flags[("tok_s", "ci-check")] and flags[("tok_s", "local")]
+    assert not flags[("tok_s", "rk3588-a76")] and not flags[("tok_s", "ci-check-full")]
+    assert not flags[("ms", "ci-check")]  # 1.5×: within noise
+    assert not flags[("n", "local")]  # not a timing: a count that differs is a bug, not noise
+    md = table.to_markdown()
+    assert "50 ≠2×" in md and "150 ≠2×" in md and "5 ≠2×" not in md
+    assert any(n.startswith("≠2×") and "2 倍" in n for n in table.notes)
+    assert measure.machine_kind(_doc("day23_2", "x", [("a", 1, "s")])) == ((("AMD EPYC", 2),), 2)
+
+
+def test_no_twofold_note_when_runners_agree(tmp_path):
+    _write(tmp_path, _doc("day23_2", "ci-check", [("tok_s", 50.0, "tok/s")]))
+    _write(tmp_path, _doc("day23_2", "local", [("tok_s", 90.0, "tok/s")]))
+    table = measure.compare("day23_2", tmp_path)
+    assert not any(r["disagree"] for r in table.rows) and not table.notes
+
+
+def test_html_groups_rows_by_figure_and_folds_a_long_table(tmp_path):
+    runners = ("aa", "bb", "cc")
+    for r in runners:
+        _write(tmp_path, _doc("day10_2", r, [("f1", 1.0, "s"), ("f2", 2, "B")]))
+    short = measure.compare("day10_2", tmp_path)
+    h = short._repr_html_()
+    assert not short.collapsed() and "<details" not in h
+    assert h.count(">f1</th>") == 1 and 'rowspan="3"' in h  # the figure's name once, then one row per runner
+    assert h.count("<tbody>") == 2 and h.count("<tr>") == 1 + 6
+    assert 'title="meaning of f1"' in h
+    md = short.to_markdown()
+    assert md.count("| f1 |") == 3  # the CLI's Markdown keeps the name on every row (grep-able)
+
+    for r in runners:
+        _write(tmp_path, _doc("day10_2", r, [(f"f{i}", 1.0 + i, "s") for i in range(5)]))
+    long = measure.compare("day10_2", tmp_path)
+    assert len(long) == 15 > measure.FigureTable.COLLAPSE_ROWS and long.collapsed()
+    h = long._repr_html_()
+    assert h.startswith('<details class="kestrel-figures"><summary>') and "</table></details>" in h
+    assert "5 个数字，15 行" in h and "<details open" not in h

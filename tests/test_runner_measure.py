@@ -120,3 +120,20 @@ def test_plot_shows_shared_figures_first_and_at_most_the_cap():
     labels = dashboard.plotted_labels(rows)
     assert len(labels) == dashboard.MAX_PLOTTED and labels[0] == "day02_3 · f27"
     assert labels[1:4] == ["day02_3 · f0", "day02_3 · f1", "day02_3 · f2"]
+
+
+def test_dashboard_labels_computed_figures_and_never_plots_them(data):
+    root = data / "measurements"
+    rec = measure.Recorder("day23_1", "ci-check", params={"quick": True})
+    rec.computed("roofline_bound", 40.0, "GB/s", "bandwidth bound from the board's datasheet")
+    rec.computed("file_bytes", 4096, "B", "planned file size")
+    rec.record("measured_bw", 12.5, "GB/s", "measured bandwidth")
+    rec.save(root)
+    text = dashboard.render()
+    assert f"| roofline_bound | GB/s | 40 {dashboard.COMPUTED_MARK} |" in text
+    assert f"| file_bytes | B | 4,096 {dashboard.COMPUTED_MARK} |" in text
+    assert f"| measured_bw | GB/s | 12.5 |" in text
+    labels = [r[0] for r in dashboard.rate_rows(measure.load_all())]
+    assert labels == ["day23_1 · measured_bw"]  # a computed speed is no measurement to compare
+    assert "day23_1 · roofline_bound" not in text.split("## 按笔记本")[0]
+    assert "1（另有 2 个计算）" in text

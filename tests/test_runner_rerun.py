@@ -16,6 +16,12 @@ FIXTURES = Path(__file__).parent / "fixtures"
 RUNNER = "test-runner"
 
 
+@pytest.fixture(autouse=True)
+def clean_checkout(monkeypatch):
+    """These tests are about running notebooks, not about the checkout they run from: make it look
+    committed (tests/test_runner_dirty.py tests the dirty-tree refusal itself)."""
+    monkeypatch.setattr(runner, "dirty_files", lambda repo=None: [])
+
 
 def rerun(capsys, tmp_path, *args) -> tuple[int, str]:
     code = cli.main(["rerun", "--runner", RUNNER, "--root", str(FIXTURES),
@@ -192,7 +198,7 @@ def test_sigterm_stops_the_run_like_ctrl_c(data, tmp_path):
     import time
 
     cmd = [sys.executable, "-m", "kestrel_lab", "rerun", "--runner", RUNNER, "--root", str(FIXTURES),
-           "--runs-root", str(tmp_path / "runs"), "--notebooks", "day02_1"]
+           "--runs-root", str(tmp_path / "runs"), "--notebooks", "day02_1", "--allow-dirty"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     state_files = []
     deadline = time.monotonic() + 60
