@@ -573,8 +573,8 @@ def compare(notebook: str, root: Path | None = None) -> FigureTable:
             row["stale"] = measured_with_older_commit(row["commit"], notebook)
     notes = []
     if any(r["stale"] for r in rows):
-        notes.append(f"{FigureTable.STALE_MARK} measured with a kestrel_lab commit older than the "
-                     f"notebook's current one ({notebook_commit(notebook)}): re-run to refresh.")
+        notes.append(f"{FigureTable.STALE_MARK} 测量所用的 kestrel_lab 提交早于这篇笔记本的当前版本"
+                     f"（{notebook_commit(notebook)}）：重跑一次即可刷新。")
     if mark_disagreements(rows):
         notes.append(f"{FigureTable.DISAGREE_MARK} 同一种机器（相同的 CPU 型号与核数）、相同参数下，两个 runner "
                      "测得的这个时间/吞吐相差超过 2 倍：至少有一次测量被干扰了（机器忙、commit 不同、调频策略不同），"
