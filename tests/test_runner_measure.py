@@ -83,7 +83,7 @@ def test_older_commit_is_marked(data, repo):
     marks = {r["runner"]: r["stale"] for r in table.rows}
     assert marks == {"old-board": True, "new-board": False}
     md = table.to_markdown()
-    assert f"{first} ⚠" in md and f"{third} ⚠" not in md and "older than the notebook's current one" in md
+    assert f"{first} ⚠" in md and f"{third} ⚠" not in md and "早于这篇笔记本的当前版本" in md
     assert "⚠" in table._repr_html_()
 
 
