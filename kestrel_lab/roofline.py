@@ -26,6 +26,7 @@ import numpy as np
 from numba import njit, prange
 
 from kestrel_lab.measure import timeit
+from kestrel_lab.threads import numba_threads, resolve_threads  # noqa: F401 - lessons reach them here too
 
 GB = 1e9
 MiB = 1 << 20
@@ -94,21 +95,6 @@ def _matvec_f32(w, x, y):
 
 # --------------------------------------------------------------------------------------- helpers
 @contextmanager
-def numba_threads(threads: int | None):
-    """Run the block with ``threads`` numba threads (None: numba's default), then restore the count.
-
-    Taught in day02_3.
-    """
-    n = resolve_threads(threads)
-    previous = numba.get_num_threads()
-    numba.set_num_threads(n)
-    try:
-        yield n
-    finally:
-        numba.set_num_threads(previous)
-
-
-@contextmanager
 def _dynamic_schedule(chunksize: int):
     """Let idle numba threads take the next ``chunksize`` iterations of a prange; restore after."""
     previous = numba.set_parallel_chunksize(max(1, int(chunksize)))
@@ -120,22 +106,6 @@ def _dynamic_schedule(chunksize: int):
 
 def _n_chunks(nbytes: int, threads: int) -> int:
     return max(1, min(threads * _CHUNKS_PER_THREAD, nbytes // _MIN_CHUNK_BYTES))
-
-
-def resolve_threads(threads: int | None) -> int:
-    """``None`` -> numba's default thread count (``NUMBA_NUM_THREADS``); otherwise check the range.
-
-    Taught in day02_3.
-    """
-    limit = numba.config.NUMBA_NUM_THREADS
-    if threads is None:
-        return limit
-    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)):
-        raise TypeError(f"threads must be an int or None, not {type(threads).__name__}")
-    if not 1 <= threads <= limit:
-        raise ValueError(f"threads={threads}: numba can use 1 to {limit} threads here "
-                         f"(NUMBA_NUM_THREADS={limit})")
-    return int(threads)
 
 
 def last_level_cache_bytes() -> int | None:

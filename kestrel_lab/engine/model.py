@@ -36,7 +36,6 @@ import os
 import time
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
 from kestrel_lab import quant as Q
@@ -45,6 +44,7 @@ from kestrel_lab.engine import kernels as K
 from kestrel_lab.engine.attention import attend
 from kestrel_lab.engine.kv import ContextFullError, KVCache
 from kestrel_lab.engine.rope import apply_rope, rope_cos_sin
+from kestrel_lab.threads import numba_threads, resolve_threads
 from numba import njit
 
 TEXT_TENSORS = ("token_embed", "final_norm", "attn_norm", "ffn_norm", "q_norm", "k_norm",
@@ -309,8 +309,6 @@ class Qwen3Engine:
 
     def __init__(self, config: ModelConfig, tensors, *, max_context: int = 4096, threads: int | None = None,
                  repack: bool = False, source: str = "<tensors>", keepalive=None, interleave: bool = True):
-        from kestrel_lab.roofline import resolve_threads
-
         if config.arch not in ("qwen3", "qwen3_vl"):
             raise ValueError(f"{source}: arch {config.arch!r} is not a dense Qwen3 (this engine runs qwen3 and "
                              f"the text tower of qwen3_vl)")
@@ -537,15 +535,13 @@ class Qwen3Engine:
         eps = np.float32(c.rms_norm_eps)
         pos0 = self.cache.pos
         cos, sin = self._cos[pos0:pos0 + T], self._sin[pos0:pos0 + T]
-        prev = numba.get_num_threads()
-        numba.set_num_threads(self.threads)
-        try:
+        with numba_threads(self.threads) as nt:
             h = self._embed(ids)
             x = np.empty_like(h)
             o = np.empty((T, H, D), np.float32)
             if T == 1 and self._planes is not None:
                 decode_layers_r32(h, eps, self.attn_norm, self.ffn_norm, self.q_norm, self.k_norm, self._planes,
-                                  self.cache.k, self.cache.v, pos0, cos, sin, H, numba.get_num_threads())
+                                  self.cache.k, self.cache.v, pos0, cos, sin, H, nt)
             else:
                 for layer, m in enumerate(self.layers):
                     K.rmsnorm(h, self.attn_norm[layer], eps, x)
@@ -569,8 +565,6 @@ class Qwen3Engine:
             hn = np.empty_like(hs)
             K.rmsnorm(hs, self.final_norm, eps, hn)
             return self.lm_head(Activation(hn))
-        finally:
-            numba.set_num_threads(prev)
 
 
 __all__ = ["Qwen3Engine", "RawTensor", "Linear", "Activation", "ContextFullError"]
