@@ -120,10 +120,11 @@ def test_whole_step_decode_is_bit_identical_to_the_layer_by_layer_path(checkpoin
     _, vqf = checkpoint
     eng = Qwen3Engine.from_vqf(vqf["q4_0"], max_context=64)
     assert eng._planes is not None, "Q4_0 test shapes are multiples of 32: the fast path must be taken"
-    planes = eng._planes
+    whole_step = eng._step  # the registry's ("Q4_0_R32", "layers") kernel
+    assert whole_step.name == "decode_layers_r32"
     runs = []
     for fast in (True, False):
-        eng._planes = planes if fast else None
+        eng._step = whole_step if fast else None
         eng.reset()
         steps = [eng.prefill(PROMPT[:5])] + [eng.decode(t) for t in PROMPT[5:12]]
         runs.append((np.stack(steps), eng.cache.k[:, :, :eng.pos].copy(), eng.cache.v[:, :, :eng.pos].copy()))

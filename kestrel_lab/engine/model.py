@@ -35,17 +35,18 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
 from kestrel_lab import quant as Q
 from kestrel_lab.config import ModelConfig
 from kestrel_lab.engine import kernels as K
+from kestrel_lab.engine import registry
 from kestrel_lab.engine.attention import attend
 from kestrel_lab.engine.kv import ContextFullError, KVCache
 from kestrel_lab.engine.rope import apply_rope, rope_cos_sin
 from kestrel_lab.threads import numba_threads, resolve_threads
-from numba import njit
 
 TEXT_TENSORS = ("token_embed", "final_norm", "attn_norm", "ffn_norm", "q_norm", "k_norm",
                 "q4_q", "q4_k", "q4_v", "q4_o", "q4_gate", "q4_up", "q4_down", "q4_lm")
@@ -69,9 +70,10 @@ class RawTensor:
 class Linear:
     """One weight matrix (or one layer's slice of a stacked one) in its storage format.
 
-    ``__call__(act)`` returns ``act.x @ W.T`` as float32 (T, rows), choosing the kernel by format and
-    by T (matvec for one token, matmul for many). ``r32``: the (nibbles, scales) planes of a plain
-    Q4_0 matrix made by ``kernels.repack_q4_0_to_r32``; when given, they are what the kernels read.
+    ``__call__(act)`` returns ``act.x @ W.T`` as float32 (T, rows) with the kernels the registry
+    gives its layout (``kernel_one`` for one token, ``kernel_many`` for many). ``r32``: the
+    (nibbles, scales) planes of a plain Q4_0 matrix made by ``kernels.repack_q4_0_to_r32``; when
+    given, the layout is ``Q4_0_R32`` and they are what the kernels read.
     Taught in day12_1.
     """
 
@@ -94,39 +96,13 @@ class Linear:
         if self.w.flags.writeable:          # one numba specialization for mmap and in-memory weights
             self.w = self.w.view()
             self.w.setflags(write=False)
+        self.layout = registry.layout_of(self)
+        self.kernel_one, self.kernel_many = _kernel(self.layout, "one"), _kernel(self.layout, "many")
 
     def __call__(self, act: "Activation") -> np.ndarray:
         T = act.x.shape[0]
         out = np.empty((T, self.rows), dtype=np.float32)
-        q, lut = self.qt, K.F16_TO_F32
-        nch = K.n_chunks(self.rows // 8 if q is Q.Q4_8X8L else self.rows)
-        if self.nib is not None:
-            xq, xc, xd = act.q8c()
-            (K.matvec_q4_r32(self.nib, self.sc, xq, xc, xd, out[0], K.n_chunks(self.nib.shape[0])) if T == 1
-             else K.matmul_q4_r32(self.nib, self.sc, xq, xc, xd, out, K.n_chunks(self.nib.shape[0])))
-        elif q is Q.F32:
-            if T == 1:
-                K.matvec_f32(self.w, act.x[0], out[0], nch)
-            else:
-                np.matmul(act.x, self.w.T, out=out)
-        elif q is Q.F16:
-            if T == 1:
-                K.matvec_f16(self.w, act.x[0], lut, out[0], nch)
-            else:
-                K.matmul_rows_f16(self.w, act.x, lut, out, nch)
-        elif q is Q.Q8_0:
-            xq, xd = act.q8()
-            wi = self.w.view(np.int8)
-            (K.matvec_q8_0(self.w, wi, xq, xd, lut, out[0], nch) if T == 1
-             else K.matmul_rows_q8_0(self.w, wi, xq, xd, lut, out, nch))
-        elif q is Q.Q4_0:
-            xq, xd = act.q8()
-            (K.matvec_q4_0(self.w, xq, xd, lut, out[0], nch) if T == 1
-             else K.matmul_rows_q4_0(self.w, xq, xd, lut, out, nch))
-        else:
-            xe, xd = act.x8x8()
-            (K.matvec_q4_8x8l(self.w, xe, xd, lut, out[0], nch) if T == 1
-             else K.matmul_q4_8x8l(self.w, xe, xd, lut, out, nch))
+        (self.kernel_one if T == 1 else self.kernel_many)(self, act, out)
         return out
 
 
@@ -174,121 +150,43 @@ class Activation:
         return self._e
 
 
-def _fusable(a: "Activation", *mats: Linear) -> bool:
-    """One token and every matrix in the same Q4 format and layout: the fused decode kernels apply."""
-    return (a.x.shape[0] == 1 and mats[0].qt in (Q.Q4_0, Q.Q4_8X8L)
-            and all(m.qt is mats[0].qt and (m.nib is None) == (mats[0].nib is None) for m in mats))
+@lru_cache(maxsize=None)
+def _kernel(layout: str, call: str):
+    k = registry.select(layout, call)
+    if k is None and call in ("one", "many"):
+        raise ValueError(f"no kernel is registered for {layout} weights ({call})")
+    return k
+
+
+def _fused(call: str, a: "Activation", *mats: Linear):
+    """The registry's fused kernel for one token and matrices of one layout, else None."""
+    if a.x.shape[0] != 1 or any(m.layout != mats[0].layout for m in mats):
+        return None
+    return _kernel(mats[0].layout, call)
 
 
 def _qkv(m: dict, a: "Activation"):
-    """Q, K and V of one layer: one fused parallel region for a decode step on Q4 weights."""
+    """Q, K and V of one layer (one fused parallel region for a decode step where one exists)."""
     wq, wk, wv = m["q4_q"], m["q4_k"], m["q4_v"]
-    if not _fusable(a, wq, wk, wv):
+    fused = _fused("qkv", a, wq, wk, wv)
+    if fused is None:
         return wq(a), wk(a), wv(a)
-    q = np.empty((1, wq.rows), np.float32)
-    k = np.empty((1, wk.rows), np.float32)
-    v = np.empty((1, wv.rows), np.float32)
-    if wq.nib is not None:
-        xq, xc, xd = a.q8c()
-        K.matvec3_q4_r32(wq.nib, wq.sc, wk.nib, wk.sc, wv.nib, wv.sc, xq, xc, xd, q[0], k[0], v[0],
-                         K.n_chunks(wq.nib.shape[0] + wk.nib.shape[0] + wv.nib.shape[0]))
-    elif wq.qt is Q.Q4_0:
-        xq, xd = a.q8()
-        K.matvec3_q4_0(wq.w, wk.w, wv.w, xq, xd, K.F16_TO_F32, q[0], k[0], v[0],
-                       K.n_chunks(wq.rows + wk.rows + wv.rows))
-    else:
-        xe, xd = a.x8x8()
-        K.matvec3_q4_8x8l(wq.w, wk.w, wv.w, xe, xd, K.F16_TO_F32, q[0], k[0], v[0],
-                          K.n_chunks((wq.rows + wk.rows + wv.rows) // 8))
+    q, k, v = (np.empty((1, w.rows), np.float32) for w in (wq, wk, wv))
+    fused(wq, wk, wv, a, q, k, v)
     return q, k, v
 
 
 def _swiglu(m: dict, a: "Activation") -> np.ndarray:
-    """silu(Wgate x) · (Wup x): fused into one pass for a decode step on Q4 weights."""
+    """silu(Wgate x) · (Wup x) (one fused pass for a decode step where one exists)."""
     wg, wu = m["q4_gate"], m["q4_up"]
-    if not _fusable(a, wg, wu):
+    fused = _fused("swiglu", a, wg, wu)
+    if fused is None:
         g, u = wg(a), wu(a)
         K.silu_mul(g, u, g)
         return g
     out = np.empty((1, wg.rows), np.float32)
-    if wg.nib is not None:
-        xq, xc, xd = a.q8c()
-        K.matvec_swiglu_q4_r32(wg.nib, wg.sc, wu.nib, wu.sc, xq, xc, xd, out[0], K.n_chunks(wg.nib.shape[0]))
-    elif wg.qt is Q.Q4_0:
-        xq, xd = a.q8()
-        K.matvec_swiglu_q4_0(wg.w, wu.w, xq, xd, K.F16_TO_F32, out[0], K.n_chunks(wg.rows))
-    else:
-        xe, xd = a.x8x8()
-        K.matvec_swiglu_q4_8x8l(wg.w, wu.w, xe, xd, K.F16_TO_F32, out[0], K.n_chunks(wg.rows // 8))
+    fused(wg, wu, a, out)
     return out
-
-
-@njit(cache=True)
-def _q8c_into(x, xq_buf, xd_buf, xc_buf):
-    """``Activation.q8c`` for one token inside numba: quantize ``x`` (1, n) into the front of the
-    buffers; returns the (1, n) int8, (1, n/32) ``−8·Σx`` and (1, n/32) scale views."""
-    n = x.shape[1]
-    nb = n // K.QK
-    xq, xd, xc = xq_buf[:n].reshape(1, n), xd_buf[:nb].reshape(1, nb), xc_buf[:nb].reshape(1, nb)
-    K.quantize_act(x, xq, xd)
-    K.act_block_sums(xq, xc)
-    return xq, xc, xd
-
-
-@njit(cache=True)
-def decode_layers_r32(h, eps, attn_norm, ffn_norm, q_norm, k_norm, planes, kc_all, vc_all, pos, cos, sin, H, nt):
-    """Every layer of one decode step in a single numba call, all seven matrices row-interleaved Q4_0.
-
-    Exactly the per-layer code of ``Qwen3Engine._forward`` (same kernels, same order of float
-    operations, so the logits are bit-identical), without its ~20 Python-level calls per layer:
-    at 30+ tok/s one step lasts ~25 ms and the interpreter's dispatch, allocations and argument
-    checks would otherwise cost several of them. The parallel kernels it calls still run on all
-    numba threads. ``h`` (1, hidden) is updated in place; ``planes`` is the tuple (nibbles, scales)
-    × (q, k, v, o, gate, up, down), each the whole stack of layers; ``kc_all``/``vc_all`` the KV
-    cache (layers, kv_heads, max_context, head_dim), written at ``pos``; ``nt`` the thread count (each
-    matvec is cut into ``4·nt`` chunks, as ``kernels.n_chunks`` does). Taught in day11_2.
-    """
-    qn, qs, kn, ks, vn, vs, on, os_, gn, gs, un, us, dn, ds = planes
-    L, hid = attn_norm.shape
-    KVH, D = kc_all.shape[1], kc_all.shape[3]
-    inter = gn.shape[0] * K.QR // L
-    gq, gk, go, gg, gd = qn.shape[0] // L, kn.shape[0] // L, on.shape[0] // L, gn.shape[0] // L, dn.shape[0] // L
-    x = np.empty((1, hid), np.float32)
-    q = np.empty((1, H, D), np.float32)
-    k = np.empty((1, KVH, D), np.float32)
-    v = np.empty((1, KVH, D), np.float32)
-    o = np.empty((1, H, D), np.float32)
-    g = np.empty((1, inter), np.float32)
-    y = np.empty(hid, np.float32)
-    n = max(hid, H * D, inter)
-    xq_buf, xd_buf, xc_buf = np.empty(n, np.int8), np.empty(n // K.QK, np.float32), np.empty(n // K.QK, np.int16)
-    for l in range(L):
-        # attention block: norm → Q, K, V → q/k norm → RoPE → cache → attention → Wo, residual
-        K.rmsnorm(h, attn_norm[l], eps, x)
-        xq, xc, xd = _q8c_into(x, xq_buf, xd_buf, xc_buf)
-        K.matvec3_q4_r32(qn[l * gq:(l + 1) * gq], qs[l * gq:(l + 1) * gq], kn[l * gk:(l + 1) * gk],
-                         ks[l * gk:(l + 1) * gk], vn[l * gk:(l + 1) * gk], vs[l * gk:(l + 1) * gk],
-                         xq, xc, xd, q.reshape(-1), k.reshape(-1), v.reshape(-1), min(gq + 2 * gk, 4 * nt))
-        K.rmsnorm_heads(q, q_norm[l], eps)
-        K.rmsnorm_heads(k, k_norm[l], eps)
-        apply_rope(q, cos, sin)
-        apply_rope(k, cos, sin)
-        kc_all[l, :, pos, :] = k[0]
-        vc_all[l, :, pos, :] = v[0]
-        attend(q, kc_all[l], vc_all[l], pos, o)
-        xq, xc, xd = _q8c_into(o.reshape(1, H * D), xq_buf, xd_buf, xc_buf)
-        K.matvec_q4_r32(on[l * go:(l + 1) * go], os_[l * go:(l + 1) * go], xq, xc, xd, y, min(go, 4 * nt))
-        for i in range(hid):
-            h[0, i] += y[i]
-        # feed-forward block: norm → silu(Wgate x)·(Wup x) → Wdown, residual
-        K.rmsnorm(h, ffn_norm[l], eps, x)
-        xq, xc, xd = _q8c_into(x, xq_buf, xd_buf, xc_buf)
-        K.matvec_swiglu_q4_r32(gn[l * gg:(l + 1) * gg], gs[l * gg:(l + 1) * gg], un[l * gg:(l + 1) * gg],
-                               us[l * gg:(l + 1) * gg], xq, xc, xd, g.reshape(-1), min(gg, 4 * nt))
-        xq, xc, xd = _q8c_into(g, xq_buf, xd_buf, xc_buf)
-        K.matvec_q4_r32(dn[l * gd:(l + 1) * gd], ds[l * gd:(l + 1) * gd], xq, xc, xd, y, min(gd, 4 * nt))
-        for i in range(hid):
-            h[0, i] += y[i]
 
 
 def _rows_slice(t, r0: int, r1: int) -> np.ndarray:
@@ -391,9 +289,10 @@ class Qwen3Engine:
             nib, sc = planes[name]
             return nib[g0:g1], sc[g0:g1]
 
-        # The whole-step fast path (``decode_layers_r32``) needs every layer matrix row-interleaved.
+        # The whole-step kernel (registry call "layers") needs every layer matrix row-interleaved.
         self._planes = (tuple(a for name in MATRICES for a in planes[name])
                         if all(name in planes for name in MATRICES) else None)
+        self._step = _kernel("Q4_0_R32", "layers") if self._planes is not None else None
         self.layers = []
         for layer in range(L):
             mats = {}
@@ -450,6 +349,21 @@ class Qwen3Engine:
                 "copied_at_load_bytes": sum(self.bytes_copied.values()),
                 "copied_tensors": sorted(self.bytes_copied), "in_place_tensors": sorted(self.bytes_in_place),
                 "copy_seconds": self.repack_seconds}
+
+    def kernel_paths(self) -> dict:
+        """Which registered kernel each product uses, by weight layout (and the whole-step kernel).
+
+        Recorded by the bench, since the speed depends on it. Taught in day29_1 (planned).
+        """
+        mats = [*(m for layer in self.layers for m in layer.values()), self.lm_head]
+        by_layout: dict[str, dict] = {}
+        for w in mats:
+            by_layout.setdefault(w.layout, {"one": w.kernel_one.name, "many": w.kernel_many.name,
+                                            **{c: (k.name if (k := _kernel(w.layout, c)) else None)
+                                               for c in ("qkv", "swiglu")}})
+        return {"matrices": by_layout, "decode_step": self._step.name if self._step else None,
+                "isa": sorted(f for f in registry.host_features() if f in ("avx2", "avx512f", "avx512_vnni",
+                                                                            "avx_vnni", "dotprod", "i8mm"))}
 
     @property
     def weight_bytes_per_token(self) -> int:
@@ -539,8 +453,8 @@ class Qwen3Engine:
             h = self._embed(ids)
             x = np.empty_like(h)
             o = np.empty((T, H, D), np.float32)
-            if T == 1 and self._planes is not None:
-                decode_layers_r32(h, eps, self.attn_norm, self.ffn_norm, self.q_norm, self.k_norm, self._planes,
+            if T == 1 and self._step is not None:
+                self._step(h, eps, self.attn_norm, self.ffn_norm, self.q_norm, self.k_norm, self._planes,
                                   self.cache.k, self.cache.v, pos0, cos, sin, H, nt)
             else:
                 for layer, m in enumerate(self.layers):
