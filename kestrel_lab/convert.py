@@ -37,6 +37,7 @@ import numpy as np
 from kestrel_lab import quant as Q
 from kestrel_lab.config import ModelConfig
 from kestrel_lab.safetensors import Checkpoint, open_checkpoint, to_f32
+from kestrel_lab.vqf.layout import source_rows
 
 CHUNK_VALUES = 1 << 20  # values per chunk: 4 MB as float32
 
@@ -163,22 +164,20 @@ def check_sources(ck: Checkpoint, specs) -> dict[str, list[int]]:
         listed = ", ".join(f"{src} (for {name})" for name, src in missing[:4])
         raise ConversionError(f"{ck.folder}: {len(missing)} tensor(s) the plan needs are not in the checkpoint: "
                               f"{listed}{' …' if len(missing) > 4 else ''}")
+    shapes = {name: t.shape for name, t in ck.tensors.items()}
     rows = {}
     for s in specs:
-        got = []
         for src in s.sources:
             t = ck.tensors[src]
             if t.dtype not in ("F32", "F16", "BF16", "F64"):
                 raise ConversionError(f"{ck.file_of[src].path}: tensor {src!r} (file byte {t.file_offset}) has dtype "
                                       f"{t.dtype}; {s.name} needs floating-point weights")
-            if t.numel % s.cols:
-                raise ConversionError(f"{ck.file_of[src].path}: tensor {src!r} of shape {list(t.shape)} does not split "
-                                      f"into rows of {s.cols} (entry {s.name}, {s.qtype_name} {s.rows}×{s.cols})")
-            got.append(t.numel // s.cols)
-        if sum(got) != s.rows:
-            raise ConversionError(f"{ck.folder}: entry {s.name}: its sources give {sum(got)} rows of {s.cols}, "
-                                  f"the plan needs {s.rows} (check config.json against the weights)")
-        rows[s.name] = got
+        try:
+            rows[s.name] = source_rows(s, shapes)   # the build rule's arithmetic, stated once in layout
+        except ValueError as e:
+            bad = next((src for src in s.sources if f"{src!r}" in str(e)), None)
+            where = ck.file_of[bad].path if bad else ck.folder
+            raise ConversionError(f"{where}: {e}") from None
     return rows
 
 

@@ -47,9 +47,9 @@ from kestrel_lab.engine.attention import attend
 from kestrel_lab.engine.kv import ContextFullError, KVCache
 from kestrel_lab.engine.rope import apply_rope, rope_cos_sin
 from kestrel_lab.threads import numba_threads, resolve_threads
+from kestrel_lab.vqf.layout import text_specs
 
-TEXT_TENSORS = ("token_embed", "final_norm", "attn_norm", "ffn_norm", "q_norm", "k_norm",
-                "q4_q", "q4_k", "q4_v", "q4_o", "q4_gate", "q4_up", "q4_down", "q4_lm")
+# The names the model's math binds; every shape comes from the file layout (``vqf.layout.text_specs``).
 MATRICES = ("q4_q", "q4_k", "q4_v", "q4_o", "q4_gate", "q4_up", "q4_down")
 PREFILL_CHUNK = 64  # tokens per batched forward: bounds the expanded activations and accumulators
 
@@ -215,20 +215,15 @@ class Qwen3Engine:
         self._keepalive = keepalive      # the mapped file must outlive the views
         self.threads = resolve_threads(threads)
         c = config
-        L, h, hd = c.num_hidden_layers, c.hidden_size, c.head_dim
-        want = {
-            "token_embed": (c.vocab_size, h), "final_norm": (1, h), "attn_norm": (L, h), "ffn_norm": (L, h),
-            "q_norm": (L, hd), "k_norm": (L, hd), "q4_q": (L * c.q_dim, h), "q4_k": (L * c.kv_dim, h),
-            "q4_v": (L * c.kv_dim, h), "q4_o": (L * h, c.q_dim), "q4_gate": (L * c.intermediate_size, h),
-            "q4_up": (L * c.intermediate_size, h), "q4_down": (L * h, c.intermediate_size),
-            "q4_lm": (c.vocab_size, h),
-        }
-        for name, shape in want.items():
+        L, hd = c.num_hidden_layers, c.head_dim
+        specs = {spec.name: spec for spec in text_specs(c)}
+        for name, spec in specs.items():
             if name not in tensors:
-                raise ValueError(f"{source}: tensor {name!r} is missing (a dense Qwen3 needs {', '.join(TEXT_TENSORS)})")
+                raise ValueError(f"{source}: tensor {name!r} is missing (a dense Qwen3 needs {', '.join(specs)})")
             t = tensors[name]
-            if (t.rows, t.cols) != shape:
-                raise ValueError(f"{source}: tensor {name!r} is {t.rows}×{t.cols}, the config needs {shape[0]}×{shape[1]}")
+            if (t.rows, t.cols) != (spec.rows, spec.cols):
+                raise ValueError(f"{source}: tensor {name!r} is {t.rows}×{t.cols}, the config needs "
+                                 f"{spec.rows}×{spec.cols}")
         for name in ("final_norm", "attn_norm", "ffn_norm", "q_norm", "k_norm"):
             if tensors[name].qtype != Q.F32.id:
                 raise ValueError(f"{source}: tensor {name!r} has qtype {Q.qtype(tensors[name].qtype).name}, expected F32")
@@ -246,9 +241,8 @@ class Qwen3Engine:
         self.embed_qtype = emb.qtype
         self.embed = emb.data.view("<f4" if emb.qtype == Q.F32.id else "<u2").reshape(emb.rows, emb.cols)
 
-        per_layer = {"q4_q": c.q_dim, "q4_k": c.kv_dim, "q4_v": c.kv_dim, "q4_o": h,
-                     "q4_gate": c.intermediate_size, "q4_up": c.intermediate_size, "q4_down": h,
-                     "q4_lm": c.vocab_size}
+        # rows of one layer's slice of each stacked matrix (the lm head is one matrix)
+        per_layer = {name: specs[name].rows // (1 if name == "q4_lm" else L) for name in MATRICES + ("q4_lm",)}
         self.repack_seconds = 0.0
         self.repacked_bytes = 0
         # Where each tensor's bytes live while the engine runs: used in place from the file's mapping

@@ -177,6 +177,15 @@ def plan(config: ModelConfig, quant: str = "q4_0") -> list[TensorSpec]:
     return specs
 
 
+def text_specs(config: ModelConfig, quant: str = "f32") -> list[TensorSpec]:
+    """The text model's entries of ``config``'s file (what the engine binds; shapes as ``plan``).
+
+    For Qwen3-VL these are the language model's entries without the vision tower. Taught in day12_2.
+    """
+    prefix = "model.language_model." if config.arch == "qwen3_vl" else "model."
+    return _text_specs(config, _qtypes_for(quant, config), prefix, "lm_head.weight")
+
+
 def has_repacked(specs: list[TensorSpec]) -> bool:
     """True if some entry is stored as Q4_8X8L (the header's REPACKED_8X8 flag). Taught in day16_1."""
     return any(s.qtype == Q4_8X8L.id for s in specs)
@@ -185,8 +194,10 @@ def has_repacked(specs: list[TensorSpec]) -> bool:
 def source_rows(spec: TensorSpec, shapes: dict[str, tuple[int, ...]]) -> list[int]:
     """Rows each source contributes under the build rule; checks they add up to ``spec.rows``.
 
-    ``shapes`` maps HF names to shapes (from a safetensors header). Raises naming the tensor whose
-    element count does not divide into rows of ``cols``. Taught in day15_3.
+    The one statement of the build rule's arithmetic (the converter checks a checkpoint with it).
+    ``shapes`` maps HF names to shapes (from a safetensors header). Raises ``KeyError`` for a missing
+    source and ``ValueError`` naming the entry and the tensor whose element count does not divide into
+    rows of ``cols`` or whose rows do not add up. Taught in day15_3.
     """
     out = []
     for name in spec.sources:
@@ -196,12 +207,13 @@ def source_rows(spec: TensorSpec, shapes: dict[str, tuple[int, ...]]) -> list[in
         for d in shapes[name]:
             n *= int(d)
         if n % spec.cols:
-            raise ValueError(f"{spec.name}: source {name} of shape {tuple(shapes[name])} does not split into "
-                             f"rows of {spec.cols}")
+            raise ValueError(f"tensor {name!r} of shape {list(shapes[name])} does not split into rows of "
+                             f"{spec.cols} (entry {spec.name}, {spec.qtype_name} {spec.rows}×{spec.cols})")
         out.append(n // spec.cols)
     if sum(out) != spec.rows:
-        raise ValueError(f"{spec.name}: sources give {sum(out)} rows, the plan says {spec.rows}")
+        raise ValueError(f"entry {spec.name}: its sources give {sum(out)} rows of {spec.cols}, the plan needs "
+                         f"{spec.rows} (check config.json against the weights)")
     return out
 
 
-__all__ = ["TensorSpec", "plan", "source_rows", "has_repacked", "QUANTS"]
+__all__ = ["TensorSpec", "plan", "text_specs", "source_rows", "has_repacked", "QUANTS"]
