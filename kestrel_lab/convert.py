@@ -37,7 +37,7 @@ import numpy as np
 from kestrel_lab import quant as Q
 from kestrel_lab.config import ModelConfig
 from kestrel_lab.safetensors import Checkpoint, open_checkpoint, to_f32
-from kestrel_lab.vqf.layout import source_rows
+from kestrel_lab.vqf.layout import resolve_quant, source_rows
 
 CHUNK_VALUES = 1 << 20  # values per chunk: 4 MB as float32
 
@@ -223,13 +223,15 @@ def convert(hf_dir: str | os.PathLike, out_path: str | os.PathLike, quant: str =
     block (one more read of the files; the page cache then serves the conversion). Writes to a
     temporary file and renames it only when complete. Taught in day17_1.
     """
-    from kestrel_lab.vqf.layout import plan
+    from kestrel_lab.vqf.planner import plan_file
     from kestrel_lab.vqf.writer import VQFWriter
 
     hf_dir, out_path = Path(hf_dir), Path(out_path)
+    qt = resolve_quant(quant)                     # the one reading of the quant name
     with open_checkpoint(hf_dir) as ck:
         cfg = ModelConfig.from_hf(ck.config_path)
-        specs = plan(cfg, quant)
+        fp = plan_file(cfg, qt)                   # the one plan: tensors, offsets, geometry
+        specs = fp.specs
         check_sources(ck, specs)
         used = {src for s in specs for src in s.sources}
         unused = sorted(n for n in ck.tensors if n not in used)
@@ -251,7 +253,7 @@ def convert(hf_dir: str | os.PathLike, out_path: str | os.PathLike, quant: str =
             source["sha256"] = sha
         stats = {"bytes_read": 0, "rss_peak": 0}
         t0 = time.perf_counter()
-        with VQFWriter(out_path, cfg, specs, source=source, progress=progress, quant=quant.lower()) as w:
+        with VQFWriter(out_path, fp, source=source, progress=progress) as w:
             rss0 = rss_bytes()
             stats["rss_peak"] = rss0
             for s in specs:
@@ -264,7 +266,7 @@ def convert(hf_dir: str | os.PathLike, out_path: str | os.PathLike, quant: str =
                 out_sha = hashlib.file_digest(fh, "sha256").hexdigest()
             hash_seconds += time.perf_counter() - t1
         return ConversionReport(
-            source=hf_dir, output=out_path, quant=quant.lower(), n_tensors=len(specs),
+            source=hf_dir, output=out_path, quant=qt.name.lower(), n_tensors=len(specs),
             output_bytes=out_path.stat().st_size, source_bytes=ck.nbytes(), bytes_read=stats["bytes_read"],
             seconds=seconds, hash_seconds=hash_seconds, sha256=sha, rss_start=rss0,
             rss_peak=stats["rss_peak"], unused=unused, output_sha256=out_sha)

@@ -10,10 +10,11 @@ import pytest
 from kestrel_lab import quant as Q
 from kestrel_lab.vqf import format as F
 from kestrel_lab.vqf import synth
-from kestrel_lab.vqf.checksum import FNV_OFFSET, fnv1a64, fnv1a64_py, verify_file
+from kestrel_lab.vqf.checksum import FNV_OFFSET, fnv1a64, fnv1a64_py
 from kestrel_lab.vqf.inspect import assertions, parse
 from kestrel_lab.vqf.layout import plan
-from kestrel_lab.vqf.reader import open_vqf
+from kestrel_lab.vqf.planner import plan_file
+from kestrel_lab.vqf.reader import open_vqf, verify_file
 from kestrel_lab.vqf.writer import VQFWriteError, VQFWriter
 
 
@@ -127,10 +128,10 @@ def test_writer_refuses_out_of_order_duplicates_unknown_and_sizes(tmp_path, cfg)
     target = tmp_path / "w.vqf"
     with pytest.raises(VQFWriteError, match=r"'final_norm' is entry 1, out of order; expected 'token_embed' "
                                             r"\(entry 0 of 41\)"):
-        with VQFWriter(target, cfg, specs) as w:
+        with VQFWriter(target, plan_file(cfg, None, specs)) as w:
             w.write_tensor("final_norm", data["final_norm"])
     assert not target.exists() and not [p for p in tmp_path.iterdir()]  # temp file removed
-    with VQFWriter(target, cfg, specs) as w:
+    with VQFWriter(target, plan_file(cfg, None, specs)) as w:
         w.write_tensor("token_embed", data["token_embed"])
         with pytest.raises(VQFWriteError, match="'token_embed' was already written"):
             w.write_tensor("token_embed", data["token_embed"])
@@ -154,11 +155,11 @@ def test_writer_incomplete_or_failing_leaves_nothing(tmp_path, cfg):
     target = tmp_path / "x.vqf"
     target.write_bytes(b"previous version")
     with pytest.raises(VQFWriteError, match=r"closed after 2 of 41 tensors; missing attn_norm"):
-        with VQFWriter(target, cfg, specs) as w:
+        with VQFWriter(target, plan_file(cfg, None, specs)) as w:
             w.write_tensor("token_embed", data["token_embed"])
             w.write_tensor("final_norm", data["final_norm"])
     with pytest.raises(RuntimeError, match="boom"):
-        with VQFWriter(target, cfg, specs) as w:
+        with VQFWriter(target, plan_file(cfg, None, specs)) as w:
             w.write_tensor("token_embed", data["token_embed"])
             raise RuntimeError("boom")
     assert target.read_bytes() == b"previous version"  # untouched
@@ -169,16 +170,16 @@ def test_writer_parts_and_one_shot_agree(tmp_path, cfg):
     specs, data = _specs_and_bytes(cfg)
     a, b = tmp_path / "a.vqf", tmp_path / "b.vqf"
     seen = []
-    with VQFWriter(a, cfg, specs, created=0, progress=lambda n, d, t: seen.append((n, d, t))) as w:
+    with VQFWriter(a, plan_file(cfg, None, specs), created=0, progress=lambda n, d, t: seen.append((n, d, t))) as w:
         for s in specs:
             w.write_tensor(s.name, data[s.name])
-    with VQFWriter(b, cfg, specs, created=0) as w:
+    with VQFWriter(b, plan_file(cfg, None, specs), created=0) as w:
         for s in specs:
             w.write_tensor_parts(s.name, np.array_split(data[s.name], 3))
     assert a.read_bytes() == b.read_bytes()
     assert seen[-1][1] == seen[-1][2] == open_vqf(a).file_len and len(seen) == 42
     with pytest.raises(VQFWriteError, match="parts exceed"):
-        with VQFWriter(b, cfg, specs) as w:
+        with VQFWriter(b, plan_file(cfg, None, specs)) as w:
             w.write_tensor_parts("token_embed", [data["token_embed"], data["token_embed"]])
     assert a.read_bytes() == b.read_bytes()
 
@@ -186,9 +187,9 @@ def test_writer_parts_and_one_shot_agree(tmp_path, cfg):
 def test_header_fields_that_do_not_fit(tmp_path, cfg):
     specs = plan(cfg)
     with pytest.raises(F.VQFFormatError, match="source_model"):
-        VQFWriter(tmp_path / "n.vqf", cfg, specs, source={"model": "x" * 80}).open()
+        VQFWriter(tmp_path / "n.vqf", plan_file(cfg, None, specs), source={"model": "x" * 80}).open()
     with pytest.raises(F.VQFFormatError, match="unknown keys"):
-        VQFWriter(tmp_path / "n.vqf", cfg, specs, source={"modle": "x"}).open()
+        VQFWriter(tmp_path / "n.vqf", plan_file(cfg, None, specs), source={"modle": "x"}).open()
     assert not list(tmp_path.iterdir())
 
 

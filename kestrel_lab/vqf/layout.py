@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kestrel_lab.config import ModelConfig
-from kestrel_lab.quant import F16, F32, Q4_8X8L, Q8_0, qtype as _qtype
+from kestrel_lab.quant import F16, F32, Q4_8X8L, Q8_0, QType, qtype as _qtype
 from kestrel_lab.vqf.format import NAME_BYTES, VQFFormatError
 
 QUANTS = ("f32", "f16", "q8_0", "q4_0", "q4_8x8l")
@@ -59,16 +59,26 @@ class TensorSpec:
         return _qtype(self.qtype).name
 
 
-def _qtypes_for(quant: str, cfg: ModelConfig) -> dict[str, int]:
+def resolve_quant(quant: "str | QType") -> QType:
+    """A conversion's ``--quant`` ("q4_0", "Q8_0", or a ``QType``) as the ``QType`` of its text matrices.
+
+    The one place a quant name is read: everything after it (layout, planner, writer, converter,
+    engine) passes the ``QType``. Taught in day17_1.
+    """
+    if isinstance(quant, QType):
+        if quant.name.lower() in QUANTS:
+            return quant
+    elif isinstance(quant, str) and quant.lower() in QUANTS:
+        return _qtype(quant.lower())
+    raise ValueError(f"quant {quant!r}: expected one of {', '.join(QUANTS)}")
+
+
+def _qtypes_for(quant: QType, cfg: ModelConfig) -> dict[str, int]:
     """qtype per role: text matrices take ``quant``; the embedding stays F16 (F32 if quant is f32);
     vision matrices are Q8_0 (the article's choice) unless the file is float (f32/f16)."""
-    q = quant.lower()
-    if q not in QUANTS:
-        raise ValueError(f"quant {quant!r}: expected one of {', '.join(QUANTS)}")
-    text = _qtype(q).id
-    floaty = q in ("f32", "f16")
-    return {"embed": F32.id if q == "f32" else F16.id, "text": text,
-            "vision": text if floaty else Q8_0.id, "f32": F32.id}
+    floaty = quant in (F32, F16)
+    return {"embed": F32.id if quant is F32 else F16.id, "text": quant.id,
+            "vision": quant.id if floaty else Q8_0.id, "f32": F32.id}
 
 
 def _text_specs(cfg: ModelConfig, qt: dict[str, int], prefix: str, lm_head: str) -> list[TensorSpec]:
@@ -156,14 +166,14 @@ def _vision_specs(cfg: ModelConfig, qt: dict[str, int]) -> list[TensorSpec]:
     return specs
 
 
-def plan(config: ModelConfig, quant: str = "q4_0") -> list[TensorSpec]:
+def plan(config: ModelConfig, quant: "str | QType" = "q4_0") -> list[TensorSpec]:
     """The tensors of ``config``'s VQF file in dump order (names, qtypes, shapes, HF sources).
 
     Qwen3-VL: 14 text + 4 vision Q8_0 + 11 vision F32 + 6 merger + 6 DeepStack entries (41 for the
     2B model). Dense Qwen3: the 14 text entries. Qwen3-MoE: the router and the three expert
     matrices (experts stacked after layers) replace gate/up/down. Taught in day16_3.
     """
-    qt = _qtypes_for(quant, config)
+    qt = _qtypes_for(resolve_quant(quant), config)
     if config.arch == "qwen3_vl":
         specs = _text_specs(config, qt, "model.language_model.", "lm_head.weight") + _vision_specs(config, qt)
     else:
@@ -177,13 +187,13 @@ def plan(config: ModelConfig, quant: str = "q4_0") -> list[TensorSpec]:
     return specs
 
 
-def text_specs(config: ModelConfig, quant: str = "f32") -> list[TensorSpec]:
+def text_specs(config: ModelConfig, quant: "str | QType" = "f32") -> list[TensorSpec]:
     """The text model's entries of ``config``'s file (what the engine binds; shapes as ``plan``).
 
     For Qwen3-VL these are the language model's entries without the vision tower. Taught in day12_2.
     """
     prefix = "model.language_model." if config.arch == "qwen3_vl" else "model."
-    return _text_specs(config, _qtypes_for(quant, config), prefix, "lm_head.weight")
+    return _text_specs(config, _qtypes_for(resolve_quant(quant), config), prefix, "lm_head.weight")
 
 
 def has_repacked(specs: list[TensorSpec]) -> bool:
@@ -216,4 +226,4 @@ def source_rows(spec: TensorSpec, shapes: dict[str, tuple[int, ...]]) -> list[in
     return out
 
 
-__all__ = ["TensorSpec", "plan", "text_specs", "source_rows", "has_repacked", "QUANTS"]
+__all__ = ["TensorSpec", "plan", "text_specs", "resolve_quant", "source_rows", "has_repacked", "QUANTS"]

@@ -16,7 +16,8 @@ from pathlib import Path
 from kestrel_lab.atomic import atomic_write
 from kestrel_lab.config import ModelConfig
 from kestrel_lab.vqf import format as F
-from kestrel_lab.vqf.layout import TensorSpec, has_repacked, plan
+from kestrel_lab.quant import QType
+from kestrel_lab.vqf.layout import TensorSpec, has_repacked, plan, resolve_quant
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class FilePlan:
     """A VQF file's geometry: what the writer writes and the reader will find. Taught in day16_3."""
 
     config: ModelConfig
-    quant: str
+    quant: QType | None     # of the text matrices (``layout.resolve_quant``); VQFSig records its name
     entries: list[PlannedEntry]
     data_offset: int
     file_len: int
@@ -74,7 +75,7 @@ class FilePlan:
         """Header + VQFSig + padding + directory + padding: the file's first ``data_offset`` bytes."""
         head = F.pack_header(self.config, flags=self.flags, n_tensors=self.n_tensors,
                              data_offset=self.data_offset, file_len=self.file_len, source=source,
-                             quant=self.quant, created=created)
+                             quant=self.quant.name.lower() if self.quant else "", created=created)
         out = head + b"\x00" * (F.DIR_OFFSET - len(head)) + self.directory_bytes()
         return out + b"\x00" * (self.data_offset - len(out))
 
@@ -125,14 +126,21 @@ def chain(specs: list[TensorSpec]) -> tuple[list[PlannedEntry], int, int]:
     return entries, data_offset, end
 
 
-def plan_file(config: ModelConfig | str | Path | dict, quant: str = "q4_0",
+def plan_file(config: ModelConfig | str | Path | dict, quant: "str | QType | None" = "q4_0",
               specs: list[TensorSpec] | None = None) -> FilePlan:
-    """Plan the file of ``config`` (a ModelConfig, a config.json path or dict). Taught in day16_3."""
+    """Plan the file of ``config`` (a ModelConfig, a config.json path or dict): the tensors, their
+    offsets and the file's geometry — the one plan the writer then writes. ``specs`` overrides the
+    tensor list (tests, hand-made files); with ``quant=None`` the quant is then the qtype of their
+    ``q4_q`` entry, if any. Taught in day16_3."""
     if not isinstance(config, ModelConfig):
         config = ModelConfig.from_hf(config)
-    specs = plan(config, quant) if specs is None else list(specs)
+    if quant is None and specs is not None:
+        q = next((resolve_quant(s.qtype_name) for s in specs if s.name == "q4_q"), None)
+    else:
+        q = resolve_quant(quant)
+    specs = plan(config, q) if specs is None else list(specs)
     entries, data_offset, file_len = chain(specs)
-    return FilePlan(config, quant.lower(), entries, data_offset, file_len)
+    return FilePlan(config, q, entries, data_offset, file_len)
 
 
 def plan_json(config, quant: str = "q4_0") -> str:

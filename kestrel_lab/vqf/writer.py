@@ -29,7 +29,7 @@ from kestrel_lab.config import ModelConfig
 from kestrel_lab.vqf import format as F
 from kestrel_lab.vqf.checksum import FNV_OFFSET, fnv1a64
 from kestrel_lab.vqf.layout import TensorSpec
-from kestrel_lab.vqf.planner import FilePlan, chain
+from kestrel_lab.vqf.planner import FilePlan, plan_file
 
 Progress = Callable[[str, int, int], None]  # (tensor name, bytes written so far, total bytes)
 
@@ -49,27 +49,27 @@ def print_progress(name: str, done: int, total: int, _state={"t0": None}) -> Non
 
 
 class VQFWriter:
-    """Stream a model into ``path``. Use as a context manager::
+    """Stream a planned file into ``path``. Use as a context manager::
 
-        with VQFWriter(path, config, specs, source={"model": "Qwen/Qwen3-VL-2B-Instruct"}) as w:
-            for spec in specs:
+        fp = plan_file(config, "q4_0")
+        with VQFWriter(path, fp, source={"model": "Qwen/Qwen3-VL-2B-Instruct"}) as w:
+            for spec in fp.specs:
                 w.write_tensor(spec.name, quantize(weights_of(spec), spec.qtype))
 
+    ``plan``: the ``planner.FilePlan`` to write (its entries, offsets and quant name for VQFSig): the
+    writer never plans on its own, so what was planned is what lands on disk.
     ``source`` keys (all optional): model, sha256 (hex), bytes, dtype, n_files — stored in VQFSig.
-    ``quant`` is the conversion's name for VQFSig (default: the qtype of ``q4_q`` if planned).
     ``progress``: a callable (name, done, total) or True for a line on stderr. Taught in day17_1.
     """
 
-    def __init__(self, path: str | os.PathLike, config: ModelConfig, specs: list[TensorSpec],
-                 source: dict | None = None, progress: Progress | bool | None = None,
-                 quant: str | None = None, created: int | None = None):
+    def __init__(self, path: str | os.PathLike, plan: FilePlan, source: dict | None = None,
+                 progress: Progress | bool | None = None, created: int | None = None):
+        if not isinstance(plan, FilePlan):
+            raise TypeError(f"{path}: VQFWriter takes a planner.FilePlan (plan_file(config, quant)), "
+                            f"not {type(plan).__name__}")
         self.path = Path(path)
-        self.config = config
-        entries, data_offset, file_len = chain(list(specs))
-        if quant is None:
-            q = next((s.qtype_name for s in specs if s.name == "q4_q"), "")
-            quant = q.lower()
-        self.plan = FilePlan(config, quant, entries, data_offset, file_len)
+        self.config = plan.config
+        self.plan = plan
         self.source = source
         self.created = created
         self.progress: Progress | None = print_progress if progress is True else (progress or None)
@@ -237,10 +237,10 @@ class VQFWriter:
 
 
 def write_vqf(path, config: ModelConfig, tensors: dict[str, np.ndarray] | Callable[[TensorSpec], np.ndarray],
-              specs: list[TensorSpec], **kw) -> Path:
+              specs: list[TensorSpec], quant: "str | None" = None, **kw) -> Path:
     """Write a whole file from a dict (or a function) giving each spec's bytes. Taught in day17_1."""
     get = tensors.__getitem__ if isinstance(tensors, dict) else tensors
-    with VQFWriter(path, config, specs, **kw) as w:
+    with VQFWriter(path, plan_file(config, quant, specs), **kw) as w:
         for s in specs:
             w.write_tensor(s.name, get(s.name) if isinstance(tensors, dict) else get(s))
     return Path(path)
