@@ -1,7 +1,9 @@
-"""The ``kestrel-lab`` command: one sub-command group per capability.
+"""The ``kestrel-lab`` command: the wings of the package, each registering its own commands.
 
-Each capability module that has commands exposes ``register(subparsers)``, which adds its parser and
-sets ``func`` (called with the parsed arguments, returning an exit code). This file only lists them.
+One convention: every wing has a ``cli`` module exposing ``register(subparsers)``, which adds its
+parsers and sets ``func`` (called with the parsed arguments, returning an exit code). A wing that is
+a folder keeps it in ``<wing>/cli.py``; a wing that is a set of top-level modules keeps it in
+``<wing>_cli.py`` beside them. This file only lists the wings. Taught in day13_1 and day14_2.
 """
 from __future__ import annotations
 
@@ -9,15 +11,14 @@ import argparse
 import importlib
 import sys
 
-# Modules that register commands, in the order ``--help`` lists them.
+# The wings' command modules, in the order ``--help`` lists them.
 COMMAND_MODULES = [
-    "kestrel_lab.commands_core",  # book, measurements, runner-info
+    "kestrel_lab.book.cli",  # book sources/links/sweep-cache, measurements, runner-info, rerun,
+    #                          import-measurements, export-measurements, dashboard
     "kestrel_lab.vocab.cli",  # vocab: tokenizer.json, compile, check, inspect, encode, probes
-    "kestrel_lab.commands_runner",  # rerun, import-measurements, export-measurements, dashboard
     "kestrel_lab.vqf.cli",  # vqf plan, inspect, verify, dump, spec
-    "kestrel_lab.commands_convert",  # convert, tiny-model
-    "kestrel_lab.engine.cli",  # generate, chat
-    "kestrel_lab.engine.bench",  # bench
+    "kestrel_lab.convert_cli",  # convert, tiny-model
+    "kestrel_lab.engine.cli",  # generate, chat, bench, golden
 ]
 
 

@@ -49,6 +49,17 @@ def stage_dir() -> Path | None:
     return Path(env) if env else None
 
 
+def utc_now(compact: bool = False, now: _dt.datetime | None = None) -> str:
+    """The time in UTC, written the one way the workbook writes it.
+
+    ISO 8601 to the second (``2026-11-30T12:00:00+00:00``: provenance dates, ``run.json``) or, with
+    ``compact``, ``20261130T120000Z`` (run folders and archives, which then sort by name in time order
+    on any machine). ``now`` defaults to this moment. Taught in day28_2.
+    """
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    return now.strftime("%Y%m%dT%H%M%SZ") if compact else now.isoformat(timespec="seconds")
+
+
 class MeasurementError(ValueError):
     """A measurements file or a figure that does not follow the schema."""
 
@@ -127,7 +138,7 @@ def timeit(fn: Callable[[], Any], *, repeat: int = 5, warmup: int = 1, number: i
 def provenance(runner: str, params: dict | None = None) -> dict:
     return {
         "runner": runner,
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": utc_now(),
         "machine": machine.fingerprint(),
         "parameters": _jsonable(params or {}),
     }
@@ -339,7 +350,7 @@ def _git(*args: str) -> subprocess.CompletedProcess | None:
 def notebook_commit(notebook: str) -> str | None:
     """The last commit that changed the notebook's file (short hash), or None when unknown
     (not a git checkout, or the notebook is not committed yet). Taught in day28_1."""
-    from kestrel_lab import syllabus
+    from kestrel_lab.book import syllabus
     from kestrel_lab.paths import REPO_ROOT
 
     try:

@@ -11,7 +11,7 @@ import nbformat
 import pytest
 import yaml
 
-from conftest import IN_CI, REPO, require_built_book
+from helpers.book import IN_CI, REPO, require_built_book
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
 
@@ -77,7 +77,7 @@ def _pictures(page: Path) -> int:
 
 def test_every_notebook_that_draws_shows_its_pictures():
     """A figure the code draws must reach the book: an inherited MPLBACKEND=Agg once dropped them all."""
-    from kestrel_lab import syllabus
+    from kestrel_lab.book import syllabus
 
     html = require_built_book()
     drawing, missing = [], []
@@ -146,7 +146,7 @@ document.getElementById('f').onload = function () {{ setTimeout(function () {{
 @pytest.mark.browser
 def test_browser_displays_a_notebook_picture():
     """Chromium loads a notebook page and its plot images are really displayed (loaded, non-zero size)."""
-    from kestrel_lab import syllabus
+    from kestrel_lab.book import syllabus
 
     html = require_built_book()
     page = next((src for _, src in sorted(syllabus.find_notebooks().items())

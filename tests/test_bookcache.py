@@ -9,7 +9,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from kestrel_lab import bookcache
+from kestrel_lab.book import cache as bookcache
 
 jupyter_cache = pytest.importorskip("jupyter_cache")
 

@@ -1,7 +1,7 @@
 """Cross-references: bare mentions become links to written parts and 「计划中」 for the others."""
 from pathlib import Path
 
-from kestrel_lab import booklinks
+from kestrel_lab.book import links as booklinks
 
 WRITTEN = {"day10_1": Path("notebooks/day10/day10_1_attention.ipynb"),
            "day17_1": Path("notebooks/day17/day17_1_convert.ipynb")}

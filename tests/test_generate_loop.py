@@ -7,7 +7,7 @@ import pytest
 from kestrel_lab.engine.chat import IM_END, Conversation, render
 from kestrel_lab.engine.generate import generate, run_turn
 from kestrel_lab.engine.sample import Sampler, SamplingParams
-from test_generate_fakes import ENDOFTEXT, FakeEngine, tokenizer
+from helpers.fake_engine import ENDOFTEXT, FakeEngine, tokenizer
 
 
 def _manual_greedy(engine, prompt, n):

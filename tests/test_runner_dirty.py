@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kestrel_lab import cli, measure, runner
+from kestrel_lab import cli, machine, measure
+from kestrel_lab.book import executor, selection, rerun as book_rerun
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RUNNER = "test-runner"
@@ -36,23 +37,23 @@ def test_dirty_files_of_a_fixture_checkout(tmp_path):
     git(tmp_path, "init", "-q", str(repo))
     git(repo, "add", ".")
     git(repo, "commit", "-q", "-m", "clean")
-    assert runner.dirty_files(repo) == []
+    assert machine.dirty_files(repo) == []
     # what a re-run writes, and untracked files outside the code, do not make the tree dirty
     (repo / "data/measurements/r/day01_1.json").write_text("re-measured\n")
     (repo / "data/measurements/r/day01_2.json").write_text("new\n")
     (repo / "runs").mkdir()
     (repo / "runs/log.txt").write_text("log\n")
     (repo / "notes.txt").write_text("scratch\n")
-    assert runner.dirty_files(repo) == []
+    assert machine.dirty_files(repo) == []
     # a changed tracked file, and an untracked module a notebook would import, do
     (repo / "README.md").write_text("edited\n")
     (repo / "kestrel_lab/new.py").write_text("x = 1\n")
-    assert runner.dirty_files(repo) == ["README.md", "kestrel_lab/new.py"]
-    assert runner.dirty_files(tmp_path / "not-a-repo-at-all") is None
+    assert machine.dirty_files(repo) == ["README.md", "kestrel_lab/new.py"]
+    assert machine.dirty_files(tmp_path / "not-a-repo-at-all") is None
 
 
 def test_rerun_refuses_a_dirty_tree_and_says_how_to_proceed(data, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(runner, "dirty_files", lambda repo=None: list(DIRTY))
+    monkeypatch.setattr(machine, "dirty_files", lambda repo=None: list(DIRTY))
     code, out, err = rerun(capsys, tmp_path)
     assert code == 1
     assert "refused" in err and "uncommitted changes in 2 files" in err
@@ -60,12 +61,12 @@ def test_rerun_refuses_a_dirty_tree_and_says_how_to_proceed(data, tmp_path, caps
     assert "Commit the changes" in err and "--allow-dirty" in err  # how to proceed
     assert not (tmp_path / "runs").exists()  # nothing ran
     assert not (data / "measurements" / RUNNER).exists()
-    with pytest.raises(runner.RunnerError, match="allow-dirty"):
-        runner.rerun(RUNNER, runner.select_notebooks(FIXTURES, ids=["day01_3"]), runs_root=tmp_path / "r")
+    with pytest.raises(selection.RunnerError, match="allow-dirty"):
+        book_rerun.rerun(RUNNER, selection.select_notebooks(FIXTURES, ids=["day01_3"]), runs_root=tmp_path / "r")
 
 
 def test_allow_dirty_publishes_and_is_recorded(data, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(runner, "dirty_files", lambda repo=None: list(DIRTY))
+    monkeypatch.setattr(machine, "dirty_files", lambda repo=None: list(DIRTY))
     code, out, err = rerun(capsys, tmp_path, "--allow-dirty")
     assert code == 0, out + err
     assert "--allow-dirty: 2 uncommitted file(s)" in out
@@ -77,7 +78,7 @@ def test_allow_dirty_publishes_and_is_recorded(data, tmp_path, capsys, monkeypat
 
 
 def test_a_clean_run_does_not_claim_allow_dirty(data, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(runner, "dirty_files", lambda repo=None: [])
+    monkeypatch.setattr(machine, "dirty_files", lambda repo=None: [])
     code, out, err = rerun(capsys, tmp_path)
     assert code == 0, out + err
     doc = measure.load_file(data / "measurements" / RUNNER / "day01_3.json")
@@ -91,7 +92,7 @@ def test_a_tree_dirtied_during_the_run_is_not_published(data, tmp_path, capsys, 
         calls.append(1)
         return [] if len(calls) == 1 else ["kestrel_lab/edited_meanwhile.py"]
 
-    monkeypatch.setattr(runner, "dirty_files", dirty_after_start)
+    monkeypatch.setattr(machine, "dirty_files", dirty_after_start)
     code, out, err = rerun(capsys, tmp_path)
     assert code == 1
     assert "not published" in out and "kestrel_lab/edited_meanwhile.py" in out
@@ -102,7 +103,7 @@ def test_publish_records_allow_dirty(data, tmp_path):
     rec = measure.Recorder("day01_1", RUNNER)
     rec.record("x", 1, "items", "x")
     staged = rec.save(tmp_path / "stage")
-    path = runner.publish(staged, RUNNER, "day01_1", allow_dirty=True)
+    path = executor.publish(staged, RUNNER, "day01_1", allow_dirty=True)
     assert measure.load_file(path)["provenance"]["allow_dirty"] is True
-    path = runner.publish(staged, RUNNER, "day01_1")
+    path = executor.publish(staged, RUNNER, "day01_1")
     assert "allow_dirty" not in measure.load_file(path)["provenance"]

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kestrel_lab import cli, measure, runner
+from kestrel_lab import cli, measure
+from kestrel_lab.book import archive, selection
 
 BOARD = "rk3588-a76"
 
@@ -73,20 +74,20 @@ def test_import_refuses_the_whole_archive(data, tmp_path, capsys, bad, message):
 def test_import_refuses_wrong_folder_name_duplicates_and_empty(data, tmp_path):
     arch = make_tar(tmp_path / "a.tar.gz", {"measurements/other/day16_3.json": doc_bytes("day16_3")})
     with pytest.raises(measure.MeasurementError, match="stored under measurements/other/"):
-        runner.import_measurements(arch, BOARD)
+        archive.import_measurements(arch, BOARD)
     arch = make_tar(tmp_path / "b.tar.gz", {"x/day16_3.json": doc_bytes("day16_3"),
                                             "y/day16_3.json": doc_bytes("day16_3")})
     with pytest.raises(measure.MeasurementError, match="a second file for day16_3"):
-        runner.import_measurements(arch, BOARD)
+        archive.import_measurements(arch, BOARD)
     arch = make_tar(tmp_path / "c.tar.gz", {"day18_2.json": doc_bytes("day16_3")})
     with pytest.raises(measure.MeasurementError, match="field 'notebook'"):
-        runner.import_measurements(arch, BOARD)
+        archive.import_measurements(arch, BOARD)
     arch = make_tar(tmp_path / "d.tar.gz", {"README": b"hello"})
     with pytest.raises(measure.MeasurementError, match="no measurement file"):
-        runner.import_measurements(arch, BOARD)
+        archive.import_measurements(arch, BOARD)
     (tmp_path / "e.txt").write_text("not an archive")
-    with pytest.raises(runner.RunnerError, match="not a folder, a tar archive"):
-        runner.import_measurements(tmp_path / "e.txt", BOARD)
+    with pytest.raises(selection.RunnerError, match="not a folder, a tar archive"):
+        archive.import_measurements(tmp_path / "e.txt", BOARD)
     assert not (data / "measurements" / BOARD).exists()
 
 
@@ -94,14 +95,14 @@ def test_zip_and_folder_archives_and_dry_run(data, tmp_path):
     z = tmp_path / "m.zip"
     with zipfile.ZipFile(z, "w") as zf:
         zf.writestr("day16_3.json", doc_bytes("day16_3"))
-    targets = runner.import_measurements(z, BOARD, dry_run=True)
+    targets = archive.import_measurements(z, BOARD, dry_run=True)
     assert [t.name for t in targets] == ["day16_3.json"] and not targets[0].exists()
-    runner.import_measurements(z, BOARD)
+    archive.import_measurements(z, BOARD)
     assert targets[0].exists()
     folder = tmp_path / "folder"
     folder.mkdir()
     (folder / "day18_2.json").write_bytes(doc_bytes("day18_2"))
-    assert [t.name for t in runner.import_measurements(folder, BOARD)] == ["day18_2.json"]
+    assert [t.name for t in archive.import_measurements(folder, BOARD)] == ["day18_2.json"]
 
 
 def test_export_then_import_round_trip(data, tmp_path, monkeypatch):
@@ -109,14 +110,14 @@ def test_export_then_import_round_trip(data, tmp_path, monkeypatch):
     src.mkdir(parents=True)
     for nb in ("day16_3", "day18_2"):
         (src / f"{nb}.json").write_bytes(doc_bytes(nb))
-    arch = runner.export_measurements(BOARD, tmp_path / "out.tar.gz")
+    arch = archive.export_measurements(BOARD, tmp_path / "out.tar.gz")
     with tarfile.open(arch) as tar:
         assert sorted(tar.getnames()) == [f"measurements/{BOARD}/day16_3.json", f"measurements/{BOARD}/day18_2.json"]
     other = tmp_path / "other-data"
     (other / "measurements").mkdir(parents=True)
     monkeypatch.setenv("KESTREL_DATA_DIR", str(other))
-    runner.import_measurements(arch, BOARD)
+    archive.import_measurements(arch, BOARD)
     for nb in ("day16_3", "day18_2"):
         assert (other / "measurements" / BOARD / f"{nb}.json").read_bytes() == (src / f"{nb}.json").read_bytes()
-    with pytest.raises(runner.RunnerError, match="no measurement files"):
-        runner.export_measurements("nobody", tmp_path / "x.tar.gz")
+    with pytest.raises(selection.RunnerError, match="no measurement files"):
+        archive.export_measurements("nobody", tmp_path / "x.tar.gz")

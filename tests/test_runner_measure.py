@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kestrel_lab import dashboard, measure, paths
+from kestrel_lab import measure, paths
+from kestrel_lab.book import dashboard
 
 
 

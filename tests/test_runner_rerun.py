@@ -10,7 +10,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from kestrel_lab import cli, measure, runner
+from kestrel_lab import cli, machine, measure
+from kestrel_lab.book import executor, runs, selection, rerun as book_rerun
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RUNNER = "test-runner"
@@ -20,7 +21,7 @@ RUNNER = "test-runner"
 def clean_checkout(monkeypatch):
     """These tests are about running notebooks, not about the checkout they run from: make it look
     committed (tests/test_runner_dirty.py tests the dirty-tree refusal itself)."""
-    monkeypatch.setattr(runner, "dirty_files", lambda repo=None: [])
+    monkeypatch.setattr(machine, "dirty_files", lambda repo=None: [])
 
 
 def rerun(capsys, tmp_path, *args) -> tuple[int, str]:
@@ -121,58 +122,58 @@ def test_stops_after_first_failure_without_keep_going(data, tmp_path, capsys):
 
 
 def test_different_parameters_start_a_new_run_folder(tmp_path):
-    first = runner.RunFolder.create(tmp_path, RUNNER, {"quick": True})
-    folder, how = runner.RunFolder.resume_or_create(tmp_path, RUNNER, {"quick": True})
+    first = runs.RunFolder.create(tmp_path, RUNNER, {"quick": True})
+    folder, how = runs.RunFolder.resume_or_create(tmp_path, RUNNER, {"quick": True})
     assert folder.path == first.path and how == "resumed"
-    folder, how = runner.RunFolder.resume_or_create(tmp_path, RUNNER, {"quick": False})
+    folder, how = runs.RunFolder.resume_or_create(tmp_path, RUNNER, {"quick": False})
     assert folder.path != first.path and how.startswith("new")
     folder.state["complete"] = True
     folder.save()
-    again, how = runner.RunFolder.resume_or_create(tmp_path, RUNNER, {"quick": False})
+    again, how = runs.RunFolder.resume_or_create(tmp_path, RUNNER, {"quick": False})
     assert again.path != folder.path and how == "new"
 
 
 def test_argument_parsing():
-    assert runner.parse_days("16-18") == [16, 17, 18]
-    assert runner.parse_days("1,3,5-6") == [1, 3, 5, 6]
+    assert selection.parse_days("16-18") == [16, 17, 18]
+    assert selection.parse_days("1,3,5-6") == [1, 3, 5, 6]
     for bad in ("0-2", "18-16", "x", "31"):
-        with pytest.raises(runner.RunnerError, match="--days"):
-            runner.parse_days(bad)
-    assert runner.parse_cpus("0") == [0]
-    with pytest.raises(runner.RunnerError, match="not available"):
-        runner.parse_cpus(f"{max(os.sched_getaffinity(0)) + 1}")
-    with pytest.raises(runner.RunnerError, match="--cpus"):
-        runner.parse_cpus("7-4")
-    assert runner.parse_value("false") is False and runner.parse_value("3") == 3
-    assert runner.parse_value("2.5") == 2.5 and runner.parse_value("None") is None
-    assert runner.parse_value("/mnt/emmc/Modl/x.vqf") == "/mnt/emmc/Modl/x.vqf"
-    assert runner.parse_parameters([["quick", "false"]]) == {"quick": False}
-    with pytest.raises(runner.RunnerError, match="--runner"):
-        runner.parse_parameters([["runner", "x"]])
-    with pytest.raises(runner.RunnerError, match="not a Python name"):
-        runner.parse_parameters([["model-dir", "x"]])
+        with pytest.raises(selection.RunnerError, match="--days"):
+            selection.parse_days(bad)
+    assert selection.parse_cpus("0") == [0]
+    with pytest.raises(selection.RunnerError, match="not available"):
+        selection.parse_cpus(f"{max(os.sched_getaffinity(0)) + 1}")
+    with pytest.raises(selection.RunnerError, match="--cpus"):
+        selection.parse_cpus("7-4")
+    assert selection.parse_value("false") is False and selection.parse_value("3") == 3
+    assert selection.parse_value("2.5") == 2.5 and selection.parse_value("None") is None
+    assert selection.parse_value("/mnt/emmc/Modl/x.vqf") == "/mnt/emmc/Modl/x.vqf"
+    assert selection.parse_parameters([["quick", "false"]]) == {"quick": False}
+    with pytest.raises(selection.RunnerError, match="--runner"):
+        selection.parse_parameters([["runner", "x"]])
+    with pytest.raises(selection.RunnerError, match="not a Python name"):
+        selection.parse_parameters([["model-dir", "x"]])
 
 
 def test_rerun_refuses_the_article_label_and_bad_settings(data, tmp_path):
-    nbs = runner.select_notebooks(FIXTURES, ids=["day01_3"])
-    with pytest.raises(runner.RunnerError, match="article-\\* labels"):
-        runner.rerun("article-rk3588", nbs, runs_root=tmp_path)
+    nbs = selection.select_notebooks(FIXTURES, ids=["day01_3"])
+    with pytest.raises(selection.RunnerError, match="article-\\* labels"):
+        book_rerun.rerun("article-rk3588", nbs, runs_root=tmp_path)
     with pytest.raises(measure.MeasurementError, match="runner label"):
-        runner.rerun("bad label", nbs, runs_root=tmp_path)
-    with pytest.raises(runner.RunnerError, match="--jobs"):
-        runner.rerun(RUNNER, nbs, jobs=0, runs_root=tmp_path)
+        book_rerun.rerun("bad label", nbs, runs_root=tmp_path)
+    with pytest.raises(selection.RunnerError, match="--jobs"):
+        book_rerun.rerun(RUNNER, nbs, jobs=0, runs_root=tmp_path)
     assert not (tmp_path / RUNNER).exists()
 
 
 def test_select_notebooks():
-    all_ = runner.select_notebooks(FIXTURES)
+    all_ = selection.select_notebooks(FIXTURES)
     assert list(all_) == ["day01_1", "day01_2", "day01_3", "day02_1"]
-    assert list(runner.select_notebooks(FIXTURES, days=[2])) == ["day02_1"]
-    assert list(runner.select_notebooks(FIXTURES, ids=["day01_3", "1_1"])) == ["day01_1", "day01_3"]
-    with pytest.raises(runner.RunnerError, match="day05_1 has no notebook"):
-        runner.select_notebooks(FIXTURES, ids=["day05_1"])
-    with pytest.raises(runner.RunnerError, match="no written notebook"):
-        runner.select_notebooks(FIXTURES, days=[20])
+    assert list(selection.select_notebooks(FIXTURES, days=[2])) == ["day02_1"]
+    assert list(selection.select_notebooks(FIXTURES, ids=["day01_3", "1_1"])) == ["day01_1", "day01_3"]
+    with pytest.raises(selection.RunnerError, match="day05_1 has no notebook"):
+        selection.select_notebooks(FIXTURES, ids=["day05_1"])
+    with pytest.raises(selection.RunnerError, match="no written notebook"):
+        selection.select_notebooks(FIXTURES, days=[20])
 
 
 def test_publish_refuses_a_file_of_another_runner(data, tmp_path):
@@ -180,12 +181,12 @@ def test_publish_refuses_a_file_of_another_runner(data, tmp_path):
     rec.record("x", 1, "items", "x")
     staged = rec.save(tmp_path / "stage")
     with pytest.raises(measure.MeasurementError, match="provenance.runner"):
-        runner.publish(staged, RUNNER, "day01_1")
+        executor.publish(staged, RUNNER, "day01_1")
     assert not (data / "measurements" / RUNNER).exists()
 
 
 def test_declared_parameters_and_typo_warning(data, tmp_path, capsys):
-    assert runner.declared_parameters(FIXTURES / "notebooks/day01/day01_1_alpha.ipynb") == {"runner", "quick", "scale"}
+    assert selection.declared_parameters(FIXTURES / "notebooks/day01/day01_1_alpha.ipynb") == {"runner", "quick", "scale"}
     # an unknown parameter is reported before anything runs (the run itself stops at the failing notebook)
     code, out = rerun(capsys, tmp_path, "--notebooks", "day01_2", "-p", "scael", "3", "--timeout", "60")
     assert code == 1 and "no selected notebook has a parameter named scael" in out

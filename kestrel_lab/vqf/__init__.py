@@ -9,7 +9,7 @@ every byte is in ``format`` (and, generated from it, book/formats/vqf.md).
 - ``layout``   — which tensors a model has, in which order, built from which HF tensors (``plan``).
 - ``planner``  — offsets and sizes of a planned file, without weights (``kestrel-lab vqf plan``).
 - ``writer``   — ``VQFWriter``: streams tensors into a file, checksum included, atomically.
-- ``reader``   — ``open_vqf``: mmap, checks, zero-copy numpy views by name.
+- ``reader``   — ``open_vqf``: mmap, checks, zero-copy numpy views by name; ``verify_file``.
 - ``checksum`` — FNV-1a 64 in numba, over the article's exact byte range.
 - ``inspect``  — the article's parser, its five assertions and an ``od``-style dump.
 - ``spec``     — the generated tables of book/formats/vqf.md (``kestrel-lab vqf spec``).

@@ -6,15 +6,13 @@ FNV-1a is one XOR and one multiply per byte, ``h = (h ^ b) * 0x100000001b3 mod 2
 depends on the previous one, so it cannot be vectorised or split over threads: its speed is one
 multiply latency per byte, far below what memory could deliver. That is why the loader only runs it
 when asked (article 16-3: 7.21 s for 2.33 GB on the board) and checks truncation by size instead.
+Checking a whole file (``verify_file``) is the reader's job: it lives in ``vqf.reader``, which uses
+this module, never the other way round.
 
 Taught in day16_3.
 """
 from __future__ import annotations
 
-import mmap
-import os
-import struct
-import time
 from typing import Callable
 
 import numpy as np
@@ -72,30 +70,9 @@ def hash_ranges(buf, n_tensors: int, data_offset: int, file_len: int, dir_offset
     return fnv1a64(arr[data_offset:file_len], h)
 
 
-def verify_file(path: str | os.PathLike) -> tuple[int, int, float]:
-    """(computed, stored, seconds) for a plain VQF file; the header is checked first (reader rules).
-
-    Seconds cover the hash only (directory + data area read through the mmap). Taught in day16_3.
-    """
-    from kestrel_lab.vqf.reader import open_vqf
-
-    with open_vqf(path, verify=False) as vf:
-        h = vf.header
-        n, d0, fl = h["n_tensors"], h["data_offset"], h["file_len"]
-    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        arr = np.frombuffer(mm, dtype=np.uint8)
-        warm_up()  # the timing is of hashing, not of compiling or loading the kernel
-        t0 = time.perf_counter()
-        computed = hash_ranges(arr, n, d0, fl)
-        seconds = time.perf_counter() - t0
-        stored = struct.unpack_from("<Q", mm, fl)[0]
-        del arr
-    return computed, stored, seconds
-
-
 def warm_up() -> None:
     """Compile (or load from numba's cache) the kernel so timings measure hashing, not compiling. Taught in day16_3."""
     fnv1a64(np.zeros(16, dtype=np.uint8))
 
 
-__all__ = ["FNV_OFFSET", "FNV_PRIME", "fnv1a64", "fnv1a64_py", "hash_ranges", "verify_file", "warm_up"]
+__all__ = ["FNV_OFFSET", "FNV_PRIME", "fnv1a64", "fnv1a64_py", "hash_ranges", "warm_up"]

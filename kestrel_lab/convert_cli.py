@@ -1,5 +1,9 @@
-"""Commands that make weight files: ``kestrel-lab convert`` (HF folder → VQF) and
-``kestrel-lab tiny-model`` (a deterministic random HF checkpoint with a real architecture)."""
+"""The convert wing's commands: ``kestrel-lab convert`` (HF folder → VQF) and ``kestrel-lab tiny-model``
+(a deterministic random HF checkpoint with a real architecture).
+
+The wing is the modules ``convert``, ``tiny_model`` and ``safetensors``, not a folder, so its commands
+live here, in ``convert_cli.py`` (see ``kestrel_lab.cli``). The lessons (day17_1, day15_2) call ``kestrel_lab.convert`` and ``kestrel_lab.tiny_model`` directly; these are their command-line faces.
+"""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +11,7 @@ import json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``kestrel-lab convert`` and ``kestrel-lab tiny-model``."""
     from kestrel_lab.vqf.layout import QUANTS
 
     conv = sub.add_parser("convert", help="convert a Hugging Face checkpoint folder to one VQF file",

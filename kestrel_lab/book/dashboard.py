@@ -29,7 +29,7 @@ COMPUTED_MARK = "（计算）"
 
 
 def _parts() -> dict:
-    from kestrel_lab import syllabus
+    from kestrel_lab.book import syllabus
 
     try:
         return {p.id: p for p in syllabus.load_parts(REPO_ROOT)}

@@ -1,13 +1,41 @@
-"""Commands of the board re-run loop: ``rerun``, ``import-measurements``, ``export-measurements`` and
-``dashboard`` (the book page with every runner's figures). Taught in day28_2 and day28_3."""
+"""The book's commands: ``book sources | links | sweep-cache``, ``measurements``, ``runner-info``, and the
+board re-run loop — ``rerun``, ``import-measurements``, ``export-measurements`` and ``dashboard``.
+
+Taught in day28_1 (the book's sources). The lessons on re-runs and the dashboard call those modules directly.
+"""
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from kestrel_lab import runner as _r
+    """Add the book's commands to ``kestrel-lab``. Taught in day28_1."""
+    from kestrel_lab.book.rerun import DEFAULT_TIMEOUT_S
+
+    book = sub.add_parser("book", help="generate the book's table of contents and syllabus page")
+    book_sub = book.add_subparsers(dest="book_command", metavar="ACTION", required=True)
+    src = book_sub.add_parser("sources", help="regenerate _toc.yml and book/syllabus.md")
+    src.add_argument("--check", action="store_true", help="fail if they are out of date instead")
+    src.set_defaults(func=_book_sources)
+    links = book_sub.add_parser("links", help="check (or --fix) every mention of another part: a link, "
+                                                "or 「计划中」 when the part is not written")
+    links.add_argument("pages", nargs="*", help="notebooks or book pages (default: all prose pages)")
+    links.add_argument("--fix", action="store_true", help="rewrite bare mentions in place")
+    links.set_defaults(func=_book_links)
+    sweep = book_sub.add_parser("sweep-cache", help="drop cached outputs of notebooks whose package or "
+                                                     "data inputs changed (run before jupyter-book build)")
+    sweep.add_argument("--cache", default="_build/.jupyter_cache", help="jupyter-cache folder")
+    sweep.set_defaults(func=_book_sweep_cache)
+
+    meas = sub.add_parser("measurements", help="show a notebook's measured figures across runners")
+    meas.add_argument("notebook", help="notebook id, e.g. day02_3")
+    meas.set_defaults(func=_measurements)
+
+    info = sub.add_parser("runner-info", help="print this machine's fingerprint (as recorded with figures)")
+    info.add_argument("--json", action="store_true", help="print the JSON recorded in provenance")
+    info.set_defaults(func=_runner_info)
 
     rr = sub.add_parser(
         "rerun", help="execute notebooks with papermill and record their figures for a runner",
@@ -21,8 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     rr.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("KEY", "VALUE"),
                     help="a papermill parameter for every notebook, e.g. -p quick false "
                          "-p vqf_path /mnt/emmc/Modl/Qwen3-VL-2B-Instruct/model.vqf (repeatable)")
-    rr.add_argument("--timeout", type=float, default=_r.DEFAULT_TIMEOUT_S,
-                    help=f"seconds a notebook may run (default {_r.DEFAULT_TIMEOUT_S})")
+    rr.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                    help=f"seconds a notebook may run (default {DEFAULT_TIMEOUT_S})")
     rr.add_argument("--jobs", type=int, default=1,
                     help="notebooks at a time (default 1: measurements want a quiet machine)")
     rr.add_argument("--cpus", help="pin the notebooks to these CPUs, e.g. 4-7 (the RK3588's A76 cluster); "
@@ -57,22 +85,89 @@ def register(sub: argparse._SubParsersAction) -> None:
     db.set_defaults(func=_dashboard)
 
 
+def _book_sources(args) -> int:
+    from kestrel_lab.book import sources
+    from kestrel_lab.paths import REPO_ROOT
+
+    if args.check:
+        stale = [p for p, text in sources.generated_sources() if p.read_text(encoding="utf-8") != text]
+        for p in stale:
+            print(f"{p.relative_to(REPO_ROOT)} is out of date: run `kestrel-lab book sources`")
+        return 1 if stale else 0
+    for path in sources.write_sources():
+        print(f"wrote {path}")
+    return 0
+
+
+def _book_links(args) -> int:
+    from pathlib import Path
+
+    from kestrel_lab.book import links
+    from kestrel_lab.paths import REPO_ROOT
+
+    pages = [Path(p).resolve().relative_to(REPO_ROOT) for p in args.pages] or links.prose_pages()
+    if args.fix:
+        for page in pages:
+            if links.fix_page(page):
+                print(f"fixed {page}")
+    found = [p for page in pages for p in links.page_problems(page)]
+    for p in found:
+        print(p)
+    return 1 if found else 0
+
+
+def _book_sweep_cache(args) -> int:
+    from pathlib import Path
+
+    from kestrel_lab.book import cache as bookcache, syllabus
+    from kestrel_lab.paths import REPO_ROOT
+
+    notebooks = [REPO_ROOT / p for p in syllabus.find_notebooks().values()]
+    cache = Path(args.cache) if Path(args.cache).is_absolute() else REPO_ROOT / args.cache
+    dropped = bookcache.sweep(cache, notebooks, bookcache.Project(REPO_ROOT))
+    for nb in dropped:
+        print(f"inputs changed, will re-run: {nb.relative_to(REPO_ROOT)}")
+    print(f"book cache: {len(dropped)} of {len(notebooks)} notebooks to re-run because their inputs changed")
+    return 0
+
+
+def _measurements(args) -> int:
+    from kestrel_lab import measure
+
+    table = measure.compare(args.notebook)
+    if not len(table):
+        print(f"no figures recorded for {args.notebook}")
+        return 1
+    print(table.to_markdown())
+    return 0
+
+
+def _runner_info(args) -> int:
+    from kestrel_lab import machine
+
+    fp = machine.fingerprint(probe_threading=True)
+    print(json.dumps(fp, indent=1, ensure_ascii=False) if args.json else machine.describe(fp))
+    return 0
+
+
 def _rerun(args) -> int:
-    from kestrel_lab import runner as _r
+    from kestrel_lab.book import selection
+    from kestrel_lab.book.rerun import rerun
+    from kestrel_lab.book.runs import OK
     from kestrel_lab.paths import REPO_ROOT
 
     root = args.root or REPO_ROOT
-    days = _r.parse_days(args.days) if args.days else None
+    days = selection.parse_days(args.days) if args.days else None
     ids = [s for s in args.notebooks.split(",") if s.strip()] if args.notebooks else None
-    notebooks = _r.select_notebooks(root, days=days, ids=ids)
-    cpus = _r.parse_cpus(args.cpus) if args.cpus else None
-    results, folder = _r.rerun(args.runner, notebooks, params=_r.parse_parameters(args.parameter),
+    notebooks = selection.select_notebooks(root, days=days, ids=ids)
+    cpus = selection.parse_cpus(args.cpus) if args.cpus else None
+    results, folder = rerun(args.runner, notebooks, params=selection.parse_parameters(args.parameter),
                                timeout=args.timeout, jobs=args.jobs, cpus=cpus, keep_going=args.keep_going,
                                force=args.force, runs_root=args.runs_root or root / "runs",
                                run_dir=args.run_dir, new_run=args.new_run, allow_dirty=args.allow_dirty)
     from kestrel_lab.paths import measurements_dir
 
-    ok = all(r.status == _r.OK for r in results)
+    ok = all(r.status == OK for r in results)
     print(f"figures: {measurements_dir() / args.runner}/ (commit them, or `kestrel-lab export-measurements "
           f"--runner {args.runner}`); executed notebooks and logs: {folder.path}/")
     if not ok:
@@ -81,9 +176,10 @@ def _rerun(args) -> int:
 
 
 def _import(args) -> int:
-    from kestrel_lab import measure, runner as _r
+    from kestrel_lab import measure
+    from kestrel_lab.book.archive import import_measurements
 
-    targets = _r.import_measurements(args.archive, args.runner, dry_run=args.dry_run)
+    targets = import_measurements(args.archive, args.runner, dry_run=args.dry_run)
     verb = "would install" if args.dry_run else "installed"
     for t in targets:
         doc = measure.load_file(t) if not args.dry_run else None
@@ -93,16 +189,16 @@ def _import(args) -> int:
 
 
 def _export(args) -> int:
-    from kestrel_lab import runner as _r
+    from kestrel_lab.book.archive import export_measurements
 
-    path = _r.export_measurements(args.runner, args.output)
+    path = export_measurements(args.runner, args.output)
     print(f"wrote {path}: send it to the instructor (`kestrel-lab import-measurements {path.name} "
           f"--runner {args.runner}`)")
     return 0
 
 
 def _dashboard(args) -> int:
-    from kestrel_lab import dashboard
+    from kestrel_lab.book import dashboard
 
     if args.check:
         stale = dashboard.is_stale(include_local=args.include_local)

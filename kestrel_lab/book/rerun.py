@@ -1,0 +1,167 @@
+"""Re-run the book's notebooks with papermill on any runner, and publish their measured figures.
+
+The loop the book depends on: an operator runs ``kestrel-lab rerun --runner rk3588-a76 --days 16-18``
+on a board; each notebook is executed by papermill into a run folder ``runs/<runner>/<UTC time>/``
+with ``runner`` (and any ``-p KEY VALUE``) injected as parameters; each notebook's figures, which its
+``measure.Recorder`` saves at the end, are published into ``data/measurements/<runner>/<id>.json``;
+the book then shows them beside the article's and this build's figures.
+
+Why the pieces look the way they do:
+
+* Each notebook runs in its own worker process (``python -m kestrel_lab.book.worker``), in its own
+  process session. The worker pins itself (``--cpus``; the kernel inherits the affinity and
+  ``NUMBA_NUM_THREADS``), and the parent can stop the whole group — worker and kernel — when the
+  notebook overruns or the operator presses Ctrl-C.
+* A notebook's ``Recorder.save()`` writes into a staging folder inside the run folder
+  (``measure.STAGE_ENV``); the runner validates that file and moves it into data/measurements/ only
+  after the *whole* notebook succeeded. A notebook that fails, times out or is interrupted — even after
+  its ``save()`` cell — never replaces that runner's previous good figures, nor touches another
+  notebook's or another runner's.
+* Figures are reproducible only from a committed tree: a figure's provenance names the commit it was
+  measured with, and ``<commit>+dirty`` names no code anyone can check out again. So ``rerun``
+  refuses to start (and to publish) while the checkout has uncommitted changes (``dirty_files``),
+  unless ``--allow-dirty`` says so on purpose — which is then recorded in every published file's
+  provenance (``allow_dirty: true``) and in the run folder's ``run.json``.
+* The run folder keeps ``run.json`` (the state of every notebook), the executed notebooks and their
+  logs, so that re-running the same command resumes: notebooks already done there are skipped unless
+  ``--force``.
+
+The pieces: ``selection`` (what to run), ``runs`` (the run folder and its ``run.json``), ``executor``
+(the worker processes and publishing), ``worker`` (papermill inside a worker), ``summary`` (the final
+table) and ``archive`` (moving figures between machines). This module is the loop that ties them.
+
+Taught in day28_2.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+
+from kestrel_lab import machine, measure
+from kestrel_lab.book.executor import Executor, dirty_refusal, interrupt_on_term
+from kestrel_lab.book.runs import OK, STATE_FILE, Result, RunFolder
+from kestrel_lab.book.selection import RunnerError, declared_parameters
+from kestrel_lab.book.summary import figures_cell, summary_table
+from kestrel_lab.measure import utc_now
+from kestrel_lab.paths import REPO_ROOT
+
+DEFAULT_TIMEOUT_S = 1800
+
+
+def rerun(runner: str, notebooks: dict[str, Path], *, params: dict | None = None,
+          timeout: float = DEFAULT_TIMEOUT_S, jobs: int = 1, cpus: list[int] | None = None,
+          keep_going: bool = False, force: bool = False, runs_root: Path | None = None,
+          run_dir: Path | None = None, new_run: bool = False, measurements_root: Path | None = None,
+          kernel: str = "python3", allow_dirty: bool = False, repo: Path | None = None,
+          out=None) -> tuple[list[Result], RunFolder]:
+    """Execute ``notebooks`` for ``runner`` and publish their figures; return one Result each.
+
+    Refuses (``RunnerError``, before anything runs) while the checkout has uncommitted changes
+    (``dirty_files``) unless ``allow_dirty``, which is then recorded in every published file's
+    provenance and in ``run.json``. ``repo`` is the checkout whose state is checked (default: this
+    book's, which holds the package and the notebooks). Taught in day28_2.
+    """
+    out = out or sys.stdout
+    measure.check_runner(runner)
+    if runner.startswith("article-"):
+        raise RunnerError(f"--runner {runner}: article-* labels hold the figures printed in the articles; "
+                          f"a re-run needs its own label, e.g. rk3588-a76")
+    params = dict(params or {})
+    if jobs < 1:
+        raise RunnerError("--jobs must be at least 1")
+    if timeout <= 0:
+        raise RunnerError("--timeout must be positive")
+    dirty = machine.dirty_files(repo)
+    if dirty and not allow_dirty:
+        raise RunnerError(dirty_refusal(dirty, repo))
+    settings = {"timeout": timeout, "cpus": cpus, "jobs": jobs, "allow_dirty": bool(allow_dirty)}
+    if run_dir is not None:
+        run_dir = Path(run_dir)
+        if (run_dir / STATE_FILE).exists():
+            folder, how = RunFolder.load(run_dir), "resumed"
+            if folder.state.get("runner") != runner:
+                raise RunnerError(f"{run_dir / STATE_FILE}: field 'runner' is "
+                                  f"{folder.state.get('runner')!r}, not {runner!r}")
+            folder.state.update(settings)
+        else:
+            folder, how = RunFolder.start(run_dir, runner, params, exist_ok=True, **settings), "new"
+    else:
+        folder, how = RunFolder.resume_or_create(runs_root or REPO_ROOT / "runs", runner, params,
+                                                 new=new_run, **settings)
+    if "machine" not in folder.state:
+        folder.state["machine"] = machine.fingerprint()
+    folder.save()
+
+    todo = [nb for nb in notebooks if force or not folder.done(nb)]
+    skipped = [nb for nb in notebooks if nb not in todo]
+    pin = f", pinned to CPUs {cpus}" if cpus else ""
+    print(f"run folder {folder.path} ({how}); runner {runner}; {len(todo)} to run, {len(skipped)} "
+          f"already done there; timeout {timeout:g} s per notebook; {jobs} at a time{pin}", file=out)
+    if dirty is None:
+        print("warning: not a git checkout: the figures' provenance cannot name a commit", file=out)
+    elif dirty:
+        print(f"warning: --allow-dirty: {len(dirty)} uncommitted file(s) ({', '.join(dirty[:5])}"
+              f"{' …' if len(dirty) > 5 else ''}); the published figures say allow_dirty: true", file=out)
+    if params:
+        print("parameters: " + ", ".join(f"{k}={v!r}" for k, v in params.items()), file=out)
+        declared = set().union(*(declared_parameters(p) for p in notebooks.values()))
+        unknown = sorted(set(params) - declared)
+        if unknown:
+            print(f"warning: no selected notebook has a parameter named {', '.join(unknown)} "
+                  f"(a typo?); papermill passes it anyway", file=out)
+
+    results: dict[str, Result] = {nb: folder.result(nb) for nb in skipped}
+    ex = Executor(folder, runner, params, timeout=timeout, cpus=cpus,
+                   measurements_root=measurements_root, kernel=kernel, allow_dirty=allow_dirty, repo=repo)
+    pending = list(todo)
+    running: dict[Future, str] = {}
+    failed = False
+    n_done = 0
+    interrupted = False
+    restore = interrupt_on_term()
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        try:
+            while pending or running:
+                while pending and len(running) < jobs and not (failed and not keep_going):
+                    nb = pending.pop(0)
+                    print(f"  … {nb} started", file=out, flush=True)
+                    running[pool.submit(ex.run, nb, notebooks[nb])] = nb
+                if not running:
+                    break
+                finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    nb = running.pop(fut)
+                    res = fut.result()
+                    results[nb] = res
+                    folder.record(res)
+                    n_done += 1
+                    print(f"  [{n_done}/{len(todo)}] {nb} {res.status} in {res.seconds:.1f} s"
+                          + (f", {figures_cell(res)} figures" if res.figures is not None else "")
+                          + (f": {res.error}" if res.error else ""), file=out, flush=True)
+                    if res.status != OK:
+                        failed = True
+        except KeyboardInterrupt:
+            interrupted = True
+            ex.stop_all()
+            for fut, nb in running.items():
+                with contextlib.suppress(Exception):
+                    res = fut.result(timeout=30)
+                    res.status, res.error = "interrupted", "stopped by Ctrl-C"
+                    results[nb] = res
+                    folder.record(res)
+        finally:
+            restore()
+    for nb in notebooks:
+        results.setdefault(nb, Result(nb, "not run", error="interrupted" if interrupted else
+                                      "skipped after a failure (use --keep-going)"))
+    ordered = [results[nb] for nb in notebooks]
+    folder.state["complete"] = all(folder.done(nb) for nb in folder.state["notebooks"]) and all(
+        r.status == OK for r in ordered)
+    folder.state["finished"] = utc_now()
+    folder.save()
+    print(summary_table(ordered, runner), file=out)
+    if interrupted:
+        raise KeyboardInterrupt
+    return ordered, folder
