@@ -26,12 +26,13 @@ from pathlib import Path
 import numpy as np
 
 from kestrel_lab.atomic import write_json
+from kestrel_lab.engine.generate import ENDOFTEXT
 from kestrel_lab.paths import data_dir
 
 SCHEMA = "kestrel-lab/golden/1"
 QUANTS = ("f32", "f16", "q8_0", "q4_0")
 MAX_NEW = 32
-EOT = 151643  # <|endoftext|>: the poem model ends every poem with it
+EOT = ENDOFTEXT  # the poem model ends every poem with <|endoftext|>
 # A mismatch counts only where the golden top-2 margin exceeds this (logits). F32 is exact. For the
 # others: 0.5, about 2.5× the largest logit difference measured between the engine's two Q4_0 kernel
 # paths on the poem model's golden prompts (row-interleaved vs plain: 0.19 on the course's x86 machine,
@@ -50,10 +51,10 @@ def golden_path(model: str) -> Path:
 
 
 def model_vqf(model: str, quant: str) -> Path:
-    """The VQF of an embedded model at ``quant`` (converted once into the cache)."""
-    from kestrel_lab.engine.generate import default_model_vqf
+    """The VQF of an embedded model at ``quant`` (``models.vqf``: converted once, cached by content)."""
+    from kestrel_lab import models
 
-    return default_model_vqf(quant, data_dir() / "models" / model)
+    return models.vqf(model if model in models.TRAINED else data_dir() / "models" / model, quant=quant)
 
 
 def default_prompts(model: str) -> list[dict]:

@@ -21,12 +21,12 @@ Default shapes (small but real; everything the engine's kernels need stays a mul
 Weights: linear and conv weights N(0, 1/fan_in), the embedding N(0, 0.25²) (tied logits with a useful
 spread), norm weights 1 + N(0, 0.1²) and biases N(0, 0.02²) — not the all-ones/zeros of a fresh
 PyTorch model, so that a swapped or dropped norm or bias shows up in a comparison.
+The cached checkpoints the lessons and tests run on come from ``kestrel_lab.models.hf_checkpoint``.
 Taught in day15_2.
 """
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import math
 import os
@@ -36,7 +36,6 @@ from pathlib import Path
 import numpy as np
 
 from kestrel_lab.atomic import write_json
-from kestrel_lab.paths import cache_dir
 from kestrel_lab.quant import f32_to_bf16
 from kestrel_lab.safetensors import INDEX_NAME, SINGLE_NAME, save_safetensors
 
@@ -128,6 +127,18 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
+def merge_config(base: dict, overrides: dict | None = None) -> dict:
+    """``base`` deep-merged with ``overrides`` (nested dicts merge key by key), kept consistent
+    (layer_types follows num_hidden_layers). Taught in day15_2."""
+    cfg = _merge(base, overrides or {})
+    text = cfg.get("text_config", cfg)
+    if "layer_types" in text and len(text["layer_types"]) != text["num_hidden_layers"]:
+        text["layer_types"] = ["full_attention"] * text["num_hidden_layers"]
+    if "max_window_layers" in text and not (overrides or {}).get("max_window_layers"):
+        text["max_window_layers"] = text["num_hidden_layers"]
+    return cfg
+
+
 def to_hf4_style(cfg: dict) -> dict:
     """Rewrite a transformers-5 config into the older style: ``rope_theta`` + ``rope_scaling`` and
     ``torch_dtype`` (what Qwen's own releases ship). Both styles must convert. Taught in day15_2."""
@@ -148,13 +159,7 @@ def to_hf4_style(cfg: dict) -> dict:
 def build_config(arch: str = "qwen3", overrides: dict | None = None, dtype: str = "bfloat16") -> dict:
     """Default config deep-merged with ``overrides`` (nested dicts merge key by key), kept consistent
     (layer_types follows num_hidden_layers). Taught in day15_2."""
-    cfg = _merge(default_config(arch, dtype), overrides or {})
-    text = cfg.get("text_config", cfg)
-    if "layer_types" in text and len(text["layer_types"]) != text["num_hidden_layers"]:
-        text["layer_types"] = ["full_attention"] * text["num_hidden_layers"]
-    if "max_window_layers" in text and not (overrides or {}).get("max_window_layers"):
-        text["max_window_layers"] = text["num_hidden_layers"]
-    return cfg
+    return merge_config(default_config(arch, dtype), overrides)
 
 
 # ----------------------------------------------------------------------------- the tensors
@@ -251,13 +256,14 @@ def _storage(x: np.ndarray, st_dtype: str):
 
 def make_tiny_model(out_dir: str | os.PathLike, arch: str = "qwen3", seed: int = 0,
                     overrides: dict | None = None, dtype: str = "bfloat16", style: str = "hf5",
-                    max_shard_bytes: int | None = None) -> Path:
+                    max_shard_bytes: int | None = None, config: dict | None = None) -> Path:
     """Write a deterministic random checkpoint: ``config.json`` + safetensors (sharded with an index
     when ``max_shard_bytes`` is given). ``style`` "hf5" writes ``rope_parameters``/``dtype``, "hf4"
-    ``rope_theta``/``rope_scaling``/``torch_dtype``. Returns the folder. Taught in day15_2."""
+    ``rope_theta``/``rope_scaling``/``torch_dtype``. ``config``: a whole transformers-5 style config to
+    use instead of ``build_config(arch, overrides, dtype)``. Returns the folder. Taught in day15_2."""
     if style not in ("hf4", "hf5"):
         raise ValueError(f"unknown config style {style!r}; choose 'hf4' or 'hf5'")
-    cfg = build_config(arch, overrides, dtype)
+    cfg = build_config(arch, overrides, dtype) if config is None else merge_config(config, overrides)
     st_dtype = DTYPES[cfg.get("dtype", dtype)]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -288,18 +294,6 @@ def make_tiny_model(out_dir: str | os.PathLike, arch: str = "qwen3", seed: int =
         write_json(out / INDEX_NAME, {"metadata": {"total_size": total}, "weight_map": weight_map})
     write_json(out / "config.json", to_hf4_style(cfg) if style == "hf4" else cfg)
     return out
-
-
-def tiny_model_dir(arch: str = "qwen3", seed: int = 0, overrides: dict | None = None,
-                   dtype: str = "bfloat16", style: str = "hf5") -> Path:
-    """The cached tiny checkpoint for these arguments, written on first use (under ``cache_dir()``).
-    Taught in day15_1."""
-    key = json.dumps([arch, seed, overrides or {}, dtype, style], sort_keys=True)
-    tag = hashlib.sha256(key.encode()).hexdigest()[:10]
-    folder = cache_dir() / "models" / f"tiny-{arch}-s{seed}-{tag}"
-    if not (folder / "config.json").exists():
-        make_tiny_model(folder, arch, seed, overrides, dtype, style)
-    return folder
 
 
 def load_overrides(text: str | None) -> dict:

@@ -298,10 +298,10 @@ def test_name_map_table_is_generated_from_the_layout():
 
 def test_summary_labels_the_source_and_the_output_hash(tmp_path):
     """A reader expects `sha256sum model.vqf` next to the output: both hashes are there, labelled."""
-    from kestrel_lab.tiny_model import tiny_model_dir
+    from kestrel_lab.models import hf_checkpoint
 
     out = tmp_path / "m.vqf"
-    rep = convert(tiny_model_dir(), out, "q8_0")
+    rep = convert(hf_checkpoint(), out, "q8_0")
     assert rep.output_sha256 == hashlib.sha256(out.read_bytes()).hexdigest()
     text = rep.summary()
     assert f"output sha256 (this VQF) {rep.output_sha256[:16]}" in text

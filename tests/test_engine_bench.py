@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 
+from kestrel_lab import models
 from kestrel_lab.engine import Qwen3Engine
 from kestrel_lab.engine import bench as B
 from kestrel_lab.roofline import weights_read_per_token
@@ -19,8 +20,8 @@ def test_bench_model_engine_speed_and_table(tmp_path, monkeypatch):
     monkeypatch.setenv("KESTREL_CACHE_DIR", str(tmp_path / "cache"))
     cfg = tmp_path / "small.config.json"
     cfg.write_text(json.dumps(SMALL))
-    path = B.bench_vqf(cfg, "q4_0")
-    assert path.name == "small-q4_0-seed0.vqf" and B.bench_vqf(cfg, "q4_0") == path   # cached
+    path = models.vqf(config=cfg, quant="q4_0")
+    assert path.name == "small-q4_0-seed0.vqf" and models.vqf(config=cfg, quant="q4_0") == path   # cached
     eng = Qwen3Engine.from_vqf(path, max_context=64)
     # a decode step reads what roofline's formula says (plus one F16 embedding row)
     assert eng.weight_bytes_per_token == weights_read_per_token(SMALL)["total"] + 2 * SMALL["hidden_size"]
@@ -48,5 +49,5 @@ def test_cold_start_child_reaches_first_token(tmp_path, monkeypatch):
     monkeypatch.setenv("KESTREL_CACHE_DIR", str(tmp_path / "cache"))
     cfg = tmp_path / "small.config.json"
     cfg.write_text(json.dumps(SMALL))
-    r = B.cold_start(B.bench_vqf(cfg, "q4_8x8l"))
+    r = B.cold_start(models.vqf(config=cfg, quant="q4_8x8l"))
     assert 0 < r["interpreter_s"] < r["to_first_token_s"] < r["to_first_decode_s"]

@@ -171,9 +171,9 @@ def test_context_limit_and_truncate(checkpoint):
 def test_qwen3_vl_text_tower_matches_transformers(tmp_path):
     """Text-only input to Qwen3-VL: MRoPE's three position components are equal, so the dense engine
     (1-D RoPE) must give Qwen3VLForConditionalGeneration's logits."""
-    from kestrel_lab.tiny_model import tiny_model_dir
+    from kestrel_lab import models
 
-    d = tiny_model_dir("qwen3_vl", dtype="float32")
+    d = models.hf_checkpoint(arch="qwen3_vl", dtype="float32")
     convert(d, tmp_path / "vl.vqf", quant="f32", hash_source=False)
     model = transformers.Qwen3VLForConditionalGeneration.from_pretrained(d, dtype=torch.float32).eval()
     ids = PROMPT[:12]

@@ -8,7 +8,7 @@ import pytest
 
 from kestrel_lab import cli
 from kestrel_lab.engine.cli import unescape_prompt
-from kestrel_lab.engine.generate import default_model_vqf
+from kestrel_lab import models
 from kestrel_lab.paths import tiny_poem_dir
 
 POEM = "床前明月光，疑是地上霜。\n举头望明月，低头思故乡。\n"
@@ -16,7 +16,7 @@ POEM = "床前明月光，疑是地上霜。\n举头望明月，低头思故乡�
 
 @pytest.fixture(scope="module")
 def vqf():
-    return default_model_vqf("q8_0")
+    return models.vqf("qwen3-tiny-poem", quant="q8_0")
 
 
 def test_unescape_prompt():
@@ -25,8 +25,8 @@ def test_unescape_prompt():
     assert unescape_prompt(r"a\\nb\tc\q") == "a\\nb\tc\\q"
 
 
-def test_default_model_vqf_is_cached(vqf):
-    again = default_model_vqf("q8_0")
+def test_poem_vqf_is_cached(vqf):
+    again = models.vqf("qwen3-tiny-poem", quant="q8_0")
     assert again == vqf and vqf.stat().st_mtime_ns == again.stat().st_mtime_ns
     stamp = json.loads(vqf.with_suffix(".vqf.json").read_text(encoding="utf-8"))
     assert stamp["quant"] == "q8_0" and "model.safetensors" in stamp["files"]

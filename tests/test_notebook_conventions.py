@@ -5,7 +5,7 @@ import re
 import nbformat
 import pytest
 
-from kestrel_lab import booklinks, syllabus
+from kestrel_lab.book import links as booklinks, sources, syllabus
 from kestrel_lab.paths import REPO_ROOT
 
 NOTEBOOKS = syllabus.find_notebooks()
@@ -19,7 +19,7 @@ def test_syllabus_has_90_parts_in_order():
 
 
 def test_generated_sources_are_current():
-    for path, text in syllabus.generated_sources():
+    for path, text in sources.generated_sources():
         assert path.read_text(encoding="utf-8") == text, \
             f"{path.relative_to(REPO_ROOT)} is stale: run `kestrel-lab book sources`"
 
@@ -132,3 +132,15 @@ def test_recording_is_kept_out_of_the_teaching_cells(nb_id):
 def test_every_mention_of_another_part_is_a_link_or_planned(page):
     found = booklinks.page_problems(page)
     assert not found, "\n".join(found[:10]) + "\n(run `kestrel-lab book links --fix PAGE`)"
+
+
+# The package owns "a model to run on" (kestrel_lab.models): a notebook asks it, never defines its own.
+OWNED_BY_MODELS = re.compile(r"^\s*def (default_vqf|evict)\(", re.M)
+
+
+@pytest.mark.parametrize("nb_id", sorted(NOTEBOOKS))
+def test_notebook_defines_no_model_factory(nb_id):
+    nb = nbformat.read(REPO_ROOT / NOTEBOOKS[nb_id], as_version=4)
+    found = [m.group(1) for c in nb.cells if c.cell_type == "code" for m in OWNED_BY_MODELS.finditer(c.source)]
+    assert not found, (f"{nb_id} defines {', '.join(found)}: use kestrel_lab.models.default_bench_vqf "
+                       f"/ kestrel_lab.models.evict")

@@ -35,10 +35,10 @@ def test_an_isa_kernel_is_chosen_only_where_the_host_has_the_feature():
 def test_the_engine_reports_and_counts_the_kernels_it_runs(tmp_path):
     from kestrel_lab.convert import convert
     from kestrel_lab.engine import Qwen3Engine
-    from kestrel_lab.tiny_model import tiny_model_dir
+    from kestrel_lab.models import hf_checkpoint
 
     out = tmp_path / "m.vqf"
-    convert(tiny_model_dir(), out, "q4_0", hash_source=False)
+    convert(hf_checkpoint(), out, "q4_0", hash_source=False)
     eng = Qwen3Engine.from_vqf(out, max_context=32)
     paths = eng.kernel_paths()
     assert paths["decode_step"] == "decode_layers_r32"

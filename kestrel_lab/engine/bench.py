@@ -5,8 +5,8 @@ next to the others:
 
 - the engine's decode tok/s (after a 64-token prompt) and prefill tok/s, at 1 thread and at all
   threads, on a model with real shapes (default ``data/configs/qwen3-0.6b.config.json``) and
-  deterministic random weights (generated once, written straight into a VQF with the writer and
-  cached under ``kestrel_lab.paths.cache_dir()``; never committed);
+  deterministic random weights (``kestrel_lab.models.vqf``: written straight into a VQF with the
+  writer once, cached by content under ``kestrel_lab.paths.cache_dir()``; never committed);
 - the memory read bandwidth (``roofline.memory_bandwidth``), the weight bytes one decode step reads
   and hence the bandwidth ceiling in tok/s (``roofline.decode_ceiling``), and the engine's % of it;
 - the matvec kernels' GB/s of weights on one FFN-shaped matrix: the naive block-by-block Q4_0 loop,
@@ -22,7 +22,6 @@ next to the others:
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -30,59 +29,17 @@ import sys
 import tempfile
 import time
 import warnings
-import zlib
 from pathlib import Path
 
 import numpy as np
 
+from kestrel_lab import models
 from kestrel_lab import quant as Q
-from kestrel_lab.config import ModelConfig
-from kestrel_lab.paths import cache_dir, configs_dir
+from kestrel_lab.paths import configs_dir
 
-DEFAULT_CONFIG = "qwen3-0.6b.config.json"
+DEFAULT_CONFIG = models.BENCH_CONFIG
 PROMPT_TOKENS = 64
 DECODE_TOKENS = 32
-ROWS_PER_CHUNK = 4096
-
-
-# ------------------------------------------------------------------------------ the random model
-def _values(seed: int, name: str, rows: int, cols: int):
-    """Deterministic float32 rows of one tensor, a chunk at a time (never the whole matrix at once)."""
-    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
-    norm = name.endswith("_norm")
-    scale = 0.25 if name == "token_embed" else 1.0 / np.sqrt(cols)
-    for r0 in range(0, rows, ROWS_PER_CHUNK):
-        n = min(ROWS_PER_CHUNK, rows - r0)
-        x = rng.standard_normal((n, cols), dtype=np.float32)
-        yield (1.0 + 0.1 * x) if norm else x * np.float32(scale)
-
-
-def bench_vqf(config_path: str | os.PathLike | None = None, quant: str = "q4_0", seed: int = 0,
-              progress: bool = False) -> Path:
-    """The cached random-weight VQF for ``config_path`` at ``quant`` (built on first use).
-
-    A tied lm head is written from the same random values as the embedding, as a converter would.
-    Taught in day29_1.
-    """
-    from kestrel_lab.vqf.layout import plan
-    from kestrel_lab.vqf.writer import VQFWriter
-
-    config_path = Path(config_path) if config_path else configs_dir() / DEFAULT_CONFIG
-    cfg = ModelConfig.from_hf(config_path)
-    stem = config_path.name.removesuffix(".json").removesuffix(".config")
-    if stem == "config":
-        stem = config_path.parent.name
-    out = cache_dir() / "bench" / f"{stem}-{quant.lower()}-seed{seed}.vqf"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    specs = plan(cfg, quant)
-    with VQFWriter(out, cfg, specs, source={"model": f"random seed {seed} ({config_path.name})"},
-                   progress=progress or None) as w:
-        for s in specs:
-            src = "token_embed" if (s.name == "q4_lm" and cfg.tie_word_embeddings) else s.name
-            w.write_tensor_parts(s.name, (Q.quantize(x, s.qtype) for x in _values(seed, src, s.rows, s.cols)))
-    return out
 
 
 # ------------------------------------------------------------------------------ measurements
@@ -97,7 +54,7 @@ def engine_speed(path, threads: int, prompt_len: int = PROMPT_TOKENS, decode_tok
 
     A short warm-up first (it also pages the mapped weights in). ``repack``: run plain Q4_0 weights
     from a Q4_8X8L copy; ``interleave=False``: run them in the file's layout (see ``Qwen3Engine``).
-    Taught in day11_2 and day23_2.
+    Taught in day23_2.
     """
     from kestrel_lab.engine import Qwen3Engine
 
@@ -121,7 +78,7 @@ def engine_speed(path, threads: int, prompt_len: int = PROMPT_TOKENS, decode_tok
     return {"threads": threads, "prefill_tok_s": prompt_len / prefill_s, "decode_tok_s": decode_tokens / sum(steps),
             "decode_ms_median": 1e3 * float(np.median(steps)), "load_s": load_s,
             "repack_s": eng.repack_seconds, "weight_bytes_per_token": eng.weight_bytes_per_token,
-            "weight_qtypes": sorted(set(eng.weight_qtypes.values()))}
+            "weight_qtypes": sorted(set(eng.weight_qtypes.values())), "kernels": eng.kernel_paths()}
 
 
 def _random_blocks(rng, rows: int, nb: int, block_bytes: int) -> np.ndarray:
@@ -138,7 +95,7 @@ def kernel_speeds(threads: int, rows: int = 98_304, cols: int = 1024, repeat: in
     so the figures are DRAM figures, comparable with the read bandwidth. Taught in day07_3.
     """
     from kestrel_lab.engine import kernels as K
-    from kestrel_lab.roofline import numba_threads
+    from kestrel_lab.threads import numba_threads
 
     rng = np.random.default_rng(0)
     nb = cols // K.QK
@@ -297,12 +254,13 @@ def cold_start(path, numba_cache: str | None = None) -> dict:
 def run(config_path=None, quant: str = "q4_0", threads: list[int] | None = None, with_torch: bool = True,
         decode_tokens: int = DECODE_TOKENS, log=print) -> dict:
     """All the figures of one bench run, as a dict (what ``--json`` prints). Taught in day29_1."""
-    from kestrel_lab.roofline import decode_ceiling, memory_bandwidth, resolve_threads
+    from kestrel_lab.roofline import decode_ceiling, memory_bandwidth
+    from kestrel_lab.threads import resolve_threads
 
     all_t = resolve_threads(None)
     threads = sorted(set(threads or [1, all_t]))
     t0 = time.perf_counter()
-    path = bench_vqf(config_path, quant, progress=False)
+    path = models.vqf(config=Path(config_path) if config_path else configs_dir() / DEFAULT_CONFIG, quant=quant)
     log(f"model: {path} ({path.stat().st_size / 1e6:.1f} MB, ready in {time.perf_counter() - t0:.1f} s)")
     res = {"vqf": str(path), "quant": quant, "threads": threads, "engine": {}, "bandwidth": {},
            "ceiling_tok_s": {}, "pct_of_ceiling": {}, "kernels_gbs": {}, "torch": {}}
@@ -425,31 +383,3 @@ def record(res: dict, runner: str) -> Path:
     rec.record("cold_start_s", res["cold_start"]["to_first_token_s"], "s",
                "fresh process, numba cache warm: start → first token")
     return rec.save()
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``kestrel-lab bench`` to the command line. Taught in day29_1."""
-    p = sub.add_parser("bench", help="engine decode/prefill tok/s vs the bandwidth ceiling and PyTorch")
-    p.add_argument("--config", default=None, help=f"HF config.json (default data/configs/{DEFAULT_CONFIG})")
-    p.add_argument("--quant", default="q4_0", choices=["q4_0", "q4_8x8l", "q8_0", "f16"],
-                   help="weight format of the random model (default q4_0)")
-    p.add_argument("--threads", default=None, help="comma-separated thread counts (default: 1 and all)")
-    p.add_argument("--decode-tokens", type=int, default=DECODE_TOKENS, help="decode steps timed (default 32)")
-    p.add_argument("--torch", dest="torch", action=argparse.BooleanOptionalAction, default=True,
-                   help="also time transformers fp32 and bf16 (default: on when installed)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--record", metavar="RUNNER", help="record the figures as day29_1 for RUNNER")
-    p.set_defaults(func=_main)
-
-
-def _main(args) -> int:
-    threads = [int(t) for t in args.threads.split(",")] if args.threads else None
-    log = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
-    res = run(args.config, args.quant, threads, args.torch, args.decode_tokens, log=log)
-    if args.json:
-        print(json.dumps(res, indent=1, default=str))
-    else:
-        print(format_table(res))
-    if args.record:
-        print(f"recorded {record(res, args.record)}", file=sys.stderr if args.json else sys.stdout)
-    return 0

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from kestrel_lab.engine.generate import _max_context, run_turn
+from kestrel_lab.engine.generate import ENDOFTEXT, IM_END, STOP_IDS, TurnStats, _max_context, run_turn
 from kestrel_lab.engine.sample import Sampler, SamplingParams
 
 __all__ = [
@@ -39,12 +39,10 @@ __all__ = [
     "split_reasoning", "common_prefix_len", "Conversation", "TurnResult",
 ]
 
-ENDOFTEXT = 151643  # <|endoftext|>
+# ENDOFTEXT (151643), IM_END (151645) and STOP_IDS come from engine.generate: one set of stop ids.
 IM_START = 151644   # <|im_start|>
-IM_END = 151645     # <|im_end|>
 THINK = 151667      # <think>
 END_THINK = 151668  # </think>
-STOP_IDS = frozenset({IM_END, ENDOFTEXT})
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -253,11 +251,11 @@ class Conversation:
             ids = self.prompt_ids()
             t1 = time.perf_counter()
             logits, reused, prefilled = self.sync(ids)
-            t_prefill = time.perf_counter() - t1
+            stats = TurnStats(prompt_tokens=len(ids), reused_tokens=reused, prefilled_tokens=prefilled,
+                              prefill_s=time.perf_counter() - t1)
             out = run_turn(self.engine, self.tokenizer, logits, self.sampler,
                            max_new=self.max_new if max_new is None else max_new, stop_ids=self.stop_ids,
-                           history=ids, on_text=on_text, prompt_tokens=len(ids), reused_tokens=reused,
-                           prefilled_tokens=prefilled, prefill_s=t_prefill, t_start=t0)
+                           history=ids, on_text=on_text, stats=stats, t_start=t0)
         except BaseException:
             self.messages.pop()
             self.engine.reset()

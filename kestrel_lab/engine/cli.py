@@ -1,4 +1,4 @@
-"""``kestrel-lab generate`` and ``kestrel-lab chat``: the engine from the command line.
+"""The engine wing's commands: ``generate``, ``chat``, ``bench`` and ``golden``.
 
 ``generate`` completes one prompt (raw text by default, or wrapped in the chat template with
 ``--chat``) and streams the continuation to stdout; the statistics line goes to stderr.
@@ -6,8 +6,11 @@
 streams after ``助手> ``, an empty line or Ctrl-D quits, ``/reset`` forgets the conversation; after
 each turn a line with prefill and decode tok/s goes to stderr. It reads stdin line by line, so it also
 works with a pipe (``printf '你好\\n' | kestrel-lab chat model.vqf``).
+``bench`` times decode and prefill against the machine's ceiling and PyTorch (``engine.bench``);
+``golden check | update`` replays or regenerates the token ids each quantization must produce
+(``kestrel_lab.golden``).
 
-Taught in day13_1 (generate) and day14_2 (chat).
+Taught in day13_1 (generate), day14_2 (chat), day29_1 (planned; bench) and day25_3 (planned; golden).
 """
 from __future__ import annotations
 
@@ -52,6 +55,7 @@ def _add_common(p: argparse.ArgumentParser, *, max_new: int, temperature: float)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``generate``, ``chat``, ``bench`` and ``golden`` to ``kestrel-lab``. Taught in day13_1."""
     g = sub.add_parser("generate", help="complete a prompt with a VQF model, streaming the text",
                        description="Complete a prompt with the numba engine. The continuation goes to "
                                    "stdout, the statistics line to stderr.")
@@ -79,6 +83,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     think.add_argument("--no-think", dest="think", action="store_false",
                        help="add the empty <think></think> block: answer without reasoning")
     c.set_defaults(func=_chat, think=True)
+
+    from kestrel_lab.engine.bench import DECODE_TOKENS, DEFAULT_CONFIG
+
+    b = sub.add_parser("bench", help="engine decode/prefill tok/s vs the bandwidth ceiling and PyTorch")
+    b.add_argument("--config", default=None, help=f"HF config.json (default data/configs/{DEFAULT_CONFIG})")
+    b.add_argument("--quant", default="q4_0", choices=["q4_0", "q4_8x8l", "q8_0", "f16"],
+                   help="weight format of the random model (default q4_0)")
+    b.add_argument("--threads", default=None, help="comma-separated thread counts (default: 1 and all)")
+    b.add_argument("--decode-tokens", type=int, default=DECODE_TOKENS, help="decode steps timed (default 32)")
+    b.add_argument("--torch", dest="torch", action=argparse.BooleanOptionalAction, default=True,
+                   help="also time transformers fp32 and bf16 (default: on when installed)")
+    b.add_argument("--json", action="store_true", help="print the result as JSON")
+    b.add_argument("--record", metavar="RUNNER", help="record the figures as day29_1 for RUNNER")
+    b.set_defaults(func=_bench)
+
+    golden = sub.add_parser("golden", help="golden files: the token ids each quantization must produce")
+    golden_sub = golden.add_subparsers(dest="golden_command", metavar="ACTION", required=True)
+    for action, what in (("check", "replay the committed golden file and report mismatches"),
+                         ("update", "regenerate the golden file from this engine and show what changed")):
+        g = golden_sub.add_parser(action, help=what)
+        g.add_argument("--model", default="qwen3-tiny-poem", help="an embedded model under data/models/")
+        g.add_argument("--quant", action="append", choices=("f32", "f16", "q8_0", "q4_0"),
+                       help="only this quantization (repeatable; default all)")
+        g.set_defaults(func=_golden_check if action == "check" else _golden_update)
 
 
 def _params(args):
@@ -188,3 +216,43 @@ def _chat(args) -> int:
         if not res.text.endswith("\n"):
             _write("\n")
         print(res.stats.line(), file=sys.stderr)
+
+
+def _bench(args) -> int:
+    import json
+
+    from kestrel_lab.engine.bench import format_table, record, run
+
+    threads = [int(t) for t in args.threads.split(",")] if args.threads else None
+    log = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
+    res = run(args.config, args.quant, threads, args.torch, args.decode_tokens, log=log)
+    if args.json:
+        print(json.dumps(res, indent=1, default=str))
+    else:
+        print(format_table(res))
+    if args.record:
+        print(f"recorded {record(res, args.record)}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def _golden_check(args) -> int:
+    from kestrel_lab import golden
+
+    bad = 0
+    for r in golden.check(args.model, args.quant):
+        tolerated = len(r.mismatches) - len(r.failures)
+        print(f"{r.quant:5} {'ok' if r.ok else 'FAIL':4} {r.steps} steps, {len(r.failures)} mismatches "
+              f"(+{tolerated} within the margin threshold {r.threshold:g})")
+        for m in r.failures:
+            print(f"      case {m.case} step {m.step}: golden {m.golden_id} (margin {m.golden_margin:.3f}), got {m.got_id}")
+        bad += not r.ok
+    return 1 if bad else 0
+
+
+def _golden_update(args) -> int:
+    from kestrel_lab import golden
+
+    for line in golden.update(args.model, tuple(args.quant or golden.QUANTS)):
+        print(line)
+    print(f"wrote {golden.golden_path(args.model)}")
+    return 0

@@ -13,19 +13,19 @@ Taught in day13_1 (the loop) and day14_2 (per-turn statistics, TTFT).
 """
 from __future__ import annotations
 
-import json
-import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from kestrel_lab.engine.sample import Sampler, SamplingParams
 from kestrel_lab.engine.stream import StreamDecoder
 
-__all__ = ["TurnStats", "GenerationOutput", "run_turn", "generate", "default_model_vqf"]
+__all__ = ["ENDOFTEXT", "IM_END", "STOP_IDS", "TurnStats", "GenerationOutput", "run_turn", "generate"]
 
-DEFAULT_STOP_IDS = frozenset({151643, 151645})  # <|endoftext|>, <|im_end|>
+ENDOFTEXT = 151643  # <|endoftext|>: ends a document (the poem model ends every poem with it)
+IM_END = 151645     # <|im_end|>: ends a chat message
+#: The ids that end a turn by default: the one set, used by ``generate``, ``run_turn`` and ``chat``.
+STOP_IDS = frozenset({IM_END, ENDOFTEXT})
 
 
 @dataclass
@@ -84,29 +84,27 @@ class GenerationOutput:
 
 
 def _max_context(engine) -> int | None:
-    for name in ("max_context", "n_ctx", "context_len"):
-        v = getattr(engine, name, None)
-        if isinstance(v, int):
-            return v
-    return None
+    """The engine's context limit (``Qwen3Engine.max_context``), or None for an engine without one."""
+    v = getattr(engine, "max_context", None)
+    return v if isinstance(v, int) else None
 
 
 def run_turn(engine, tokenizer, logits, sampler: Sampler, *, max_new: int,
-             stop_ids: Iterable[int] = DEFAULT_STOP_IDS, history: Sequence[int] = (),
-             on_text: Callable[[str], None] | None = None, prompt_tokens: int = 0,
-             reused_tokens: int = 0, prefilled_tokens: int = 0, prefill_s: float = 0.0,
+             stop_ids: Iterable[int] = STOP_IDS, history: Sequence[int] = (),
+             on_text: Callable[[str], None] | None = None, stats: TurnStats | None = None,
              t_start: float | None = None) -> GenerationOutput:
     """Sample from ``logits`` (the prefill's), then decode until a stop token or a limit.
 
     ``history`` (the prompt ids) feeds the repetition penalty together with the generated ids.
-    ``t_start`` (``time.perf_counter()`` at the start of the turn) anchors TTFT. Taught in day13_1.
+    ``stats``: the turn's ``TurnStats`` with the prompt's part filled in by the caller (prompt,
+    reused and prefilled tokens, prefill seconds); the loop fills in the rest and returns it in the
+    output. ``t_start`` (``time.perf_counter()`` at the start of the turn) anchors TTFT. Taught in day13_1.
     """
     if max_new < 0:
         raise ValueError(f"max_new = {max_new} must be ≥ 0")
     t_start = time.perf_counter() if t_start is None else t_start
     stops = frozenset(int(s) for s in stop_ids)
-    stats = TurnStats(prompt_tokens=prompt_tokens, reused_tokens=reused_tokens,
-                      prefilled_tokens=prefilled_tokens, prefill_s=prefill_s)
+    stats = TurnStats() if stats is None else stats
     stream = StreamDecoder(tokenizer.token_bytes)
     hist = list(history)
     ids: list[int] = []
@@ -148,7 +146,7 @@ def run_turn(engine, tokenizer, logits, sampler: Sampler, *, max_new: int,
 
 
 def generate(engine, tokenizer, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
-             max_new: int = 256, stop_ids: Iterable[int] = DEFAULT_STOP_IDS,
+             max_new: int = 256, stop_ids: Iterable[int] = STOP_IDS,
              on_text: Callable[[str], None] | None = None, sampler: Sampler | None = None,
              reset: bool = True) -> GenerationOutput:
     """Complete ``prompt`` (text, tokenized with special tokens recognised, or ids) from an empty cache.
@@ -171,40 +169,6 @@ def generate(engine, tokenizer, prompt: str | Sequence[int], params: SamplingPar
         engine.reset()
     t1 = time.perf_counter()
     logits = engine.prefill(ids)
-    prefill_s = time.perf_counter() - t1
+    stats = TurnStats(prompt_tokens=len(ids), prefilled_tokens=len(ids), prefill_s=time.perf_counter() - t1)
     return run_turn(engine, tokenizer, logits, sampler, max_new=max_new, stop_ids=stop_ids, history=ids,
-                    on_text=on_text, prompt_tokens=len(ids), prefilled_tokens=len(ids),
-                    prefill_s=prefill_s, t_start=t0)
-
-
-# ----------------------------------------------------------------------------- the default model
-def default_model_vqf(quant: str = "q8_0", model_dir: str | os.PathLike | None = None) -> Path:
-    """The poem model (data/models/qwen3-tiny-poem) as a VQF file, converted once and cached.
-
-    The file lives under ``paths.cache_dir()/models/``; a small stamp beside it records the source
-    files' sizes and modification times, so a changed checkpoint is converted again. Taught in day13_1.
-    """
-    from kestrel_lab import paths
-    from kestrel_lab.atomic import write_json
-
-    src = Path(model_dir) if model_dir is not None else paths.tiny_poem_dir()
-    quant = quant.lower()
-    out = paths.cache_dir() / "models" / f"{src.name}.{quant}.vqf"
-    stamp_path = out.with_suffix(".vqf.json")
-    stamp = {"source": str(src.resolve()), "quant": quant,
-             "files": {p.name: [p.stat().st_size, p.stat().st_mtime_ns]
-                       for p in sorted(src.glob("*")) if p.suffix in (".json", ".safetensors")}}
-    if not stamp["files"]:
-        raise FileNotFoundError(f"{src}: no config.json or *.safetensors to convert")
-    if out.exists() and stamp_path.exists():
-        try:
-            if json.loads(stamp_path.read_text(encoding="utf-8")) == stamp:
-                return out
-        except (OSError, ValueError):
-            pass
-    from kestrel_lab import convert
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    convert.convert(src, out, quant=quant)
-    write_json(stamp_path, stamp)
-    return out
+                    on_text=on_text, stats=stats, t_start=t0)

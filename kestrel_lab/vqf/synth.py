@@ -2,13 +2,16 @@
 
 The lessons and tests need real files — to hash, to inspect, to corrupt — of a chosen size. These are
 written with the same writer and quantizers as a conversion, from seeded random weights generated a
-slice of rows at a time (so a file of any size is written in bounded memory). They are not models
-anyone would run: ``kestrel-lab tiny-model`` makes loadable HF checkpoints for that.
+slice of rows at a time (so a file of any size is written in bounded memory). ``write_random``'s
+weights are for files to inspect (every tensor independent, one scale); ``write_model``'s are scaled
+like a trained model's and tie the lm head to the embedding, so the engine runs on them (the bench's
+and the speed lessons' models). The cached files come from ``kestrel_lab.models.vqf``.
 
-Taught in day16_3.
+Taught in day16_1.
 """
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 from typing import Callable
 
@@ -16,15 +19,15 @@ import numpy as np
 
 from kestrel_lab import quant as Q
 from kestrel_lab.config import ModelConfig
-from kestrel_lab.paths import cache_dir
-from kestrel_lab.vqf.layout import TensorSpec, plan
+from kestrel_lab.vqf.layout import TensorSpec
+from kestrel_lab.vqf.planner import plan_file
 from kestrel_lab.vqf.writer import VQFWriter
 
 ROWS_PER_PART = 4096  # rows generated and quantized at once (a multiple of 8 for Q4_8X8L)
 
 
 def small_vl_config(**text) -> ModelConfig:
-    """A small Qwen3-VL (2 text layers, 3 vision blocks, 2 DeepStack mergers): every entry kind. Taught in day16_3."""
+    """A small Qwen3-VL (2 text layers, 3 vision blocks, 2 DeepStack mergers): every entry kind. Taught in day16_1."""
     cfg = {
         "model_type": "qwen3_vl", "tie_word_embeddings": True,
         "text_config": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
@@ -43,7 +46,7 @@ def small_vl_config(**text) -> ModelConfig:
 
 def random_rows(spec: TensorSpec, seed: int, lo: int, hi: int) -> np.ndarray:
     """Rows [lo, hi) of the random float32 weights of ``spec`` (same numbers however they are sliced).
-    Taught in day16_3."""
+    Taught in day16_1."""
     rng = np.random.default_rng([seed, sum(spec.name.encode()), lo])
     if "norm" in spec.name and not spec.name.endswith("_b"):
         return (1.0 + 0.1 * rng.standard_normal((hi - lo, spec.cols))).astype(np.float32)
@@ -51,7 +54,7 @@ def random_rows(spec: TensorSpec, seed: int, lo: int, hi: int) -> np.ndarray:
 
 
 def parts(spec: TensorSpec, seed: int, rows_per_part: int = ROWS_PER_PART):
-    """The spec's quantized bytes, ``rows_per_part`` rows at a time. Taught in day16_3."""
+    """The spec's quantized bytes, ``rows_per_part`` rows at a time. Taught in day16_1."""
     for lo in range(0, spec.rows, rows_per_part):
         hi = min(spec.rows, lo + rows_per_part)
         yield Q.quantize(random_rows(spec, seed, lo, hi), spec.qtype)
@@ -59,26 +62,38 @@ def parts(spec: TensorSpec, seed: int, rows_per_part: int = ROWS_PER_PART):
 
 def write_random(path: str | Path, config: ModelConfig, quant: str = "q4_0", seed: int = 0,
                  specs: list[TensorSpec] | None = None, progress: Callable | bool | None = None) -> Path:
-    """Write ``config``'s planned file with seeded random weights. Taught in day16_3."""
-    specs = plan(config, quant) if specs is None else specs
+    """Write ``config``'s planned file with seeded random weights. Taught in day16_1."""
+    fp = plan_file(config, quant, specs)
     source = {"model": f"random seed={seed}", "dtype": "f32"}
-    with VQFWriter(path, config, specs, source=source, progress=progress, quant=quant, created=0) as w:
-        for s in specs:
+    with VQFWriter(path, fp, source=source, progress=progress, created=0) as w:
+        for s in fp.specs:
             w.write_tensor_parts(s.name, parts(s, seed))
     return Path(path)
 
 
-def cached_random(config: ModelConfig, name: str, quant: str = "q4_0", seed: int = 0) -> Path:
-    """``write_random`` into the cache folder once; reuse the file if it is already there and valid.
-    Taught in day16_3."""
-    from kestrel_lab.vqf.reader import open_vqf
+def model_rows(name: str, seed: int, rows: int, cols: int, rows_per_part: int = ROWS_PER_PART):
+    """float32 rows of one tensor of a *runnable* random model, ``rows_per_part`` at a time (one
+    generator stream per tensor, seeded by ``(seed, crc32(name))``): norms 1 + N(0, 0.1²), the
+    embedding N(0, 0.25²), matrices N(0, 1/cols) — activations keep a trained model's scale.
+    Taught in day16_1."""
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    norm = name.endswith("_norm")
+    scale = 0.25 if name == "token_embed" else 1.0 / np.sqrt(cols)
+    for r0 in range(0, rows, rows_per_part):
+        n = min(rows_per_part, rows - r0)
+        x = rng.standard_normal((n, cols), dtype=np.float32)
+        yield (1.0 + 0.1 * x) if norm else x * np.float32(scale)
 
-    path = cache_dir() / "vqf" / f"{name}-{quant}-seed{seed}.vqf"
-    if path.exists():
-        try:
-            with open_vqf(path, verify=False) as vf:
-                if vf.config == config and not vf.missing:
-                    return path
-        except ValueError:
-            pass
-    return write_random(path, config, quant, seed)
+
+def write_model(path: str | Path, config: ModelConfig, quant: str = "q4_0", seed: int = 0,
+                specs: list[TensorSpec] | None = None, progress: Callable | bool | None = None) -> Path:
+    """Write ``config``'s planned file with the runnable random weights of ``model_rows``; a tied lm
+    head gets the embedding's values, as a converter would write it. What ``kestrel_lab.models.vqf``
+    writes for ``model="random"``. Taught in day16_1."""
+    fp = plan_file(config, quant, specs)
+    source = {"model": f"random seed={seed}", "dtype": "f32"}
+    with VQFWriter(path, fp, source=source, progress=progress or None, created=0) as w:
+        for s in fp.specs:
+            src = "token_embed" if (s.name == "q4_lm" and config.tie_word_embeddings) else s.name
+            w.write_tensor_parts(s.name, (Q.quantize(x, s.qtype) for x in model_rows(src, seed, s.rows, s.cols)))
+    return Path(path)
