@@ -4,7 +4,7 @@ The engine, the benchmarks and the lessons all run numba's parallel kernels. ``r
 turns a request (``None`` = numba's default, ``NUMBA_NUM_THREADS``) into a checked count, and
 ``numba_threads`` runs a block with that count and restores the previous one afterwards — the only
 place in the package that calls ``numba.set_num_threads``, so a kernel can never leave the process
-on a thread count nobody asked for. Taught in day02_3 and day03_2.
+on a thread count nobody asked for. Taught in day10_1. The bandwidth and numba lessons reach the same functions through ``roofline``.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import numpy as np
 def resolve_threads(threads: int | None) -> int:
     """``None`` -> numba's default thread count (``NUMBA_NUM_THREADS``); otherwise check the range.
 
-    Taught in day02_3.
+    Taught in day10_1.
     """
     limit = numba.config.NUMBA_NUM_THREADS
     if threads is None:
@@ -34,7 +34,7 @@ def resolve_threads(threads: int | None) -> int:
 def numba_threads(threads: int | None):
     """Run the block with ``threads`` numba threads (None: numba's default), then restore the count.
 
-    Yields the count in use. Taught in day02_3.
+    Yields the count in use. Taught in day10_1.
     """
     n = resolve_threads(threads)
     previous = numba.get_num_threads()

@@ -327,7 +327,7 @@ def matvec_q4_0(w, xq, xd, lut, out, nchunk):
 @njit(parallel=True, fastmath=True, cache=True)
 def matvec3_q4_0(wa, wb, wc, xq, xd, lut, oa, ob, oc, nchunk):
     """Three plain-Q4_0 matvecs on the same activation in one parallel region (Q, K, V of a layer):
-    decode runs ~200 parallel regions per token and each costs a thread hand-off. Taught in day11_2."""
+    decode runs ~200 parallel regions per token and each costs a thread hand-off. Taught in day07_3 (planned)."""
     na, nb_, nc = oa.shape[0], ob.shape[0], oc.shape[0]
     n = na + nb_ + nc
     step = (n + nchunk - 1) // nchunk
@@ -456,7 +456,7 @@ def matvec3_q4_8x8l(wa, wb, wc, xe, xd, lut, oa, ob, oc, nchunk):
     """Three Q4_8X8L matvecs on the same activation in one parallel region (Q, K and V of a layer).
 
     Decode runs ~200 parallel regions per token; each costs a thread hand-off, so the three
-    projections that read the same normalized vector share one. Taught in day11_2.
+    projections that read the same normalized vector share one. Taught in day07_3 (planned).
     """
     na, nb_, nc = oa.shape[0] // 8, ob.shape[0] // 8, oc.shape[0] // 8
     ng = na + nb_ + nc
@@ -683,7 +683,7 @@ def matvec_q4_r32(nib, sc, xq, xc, xd, out, nchunk):
 def matvec3_q4_r32(na_, sa, nb_, sb, nc_, scc, xq, xc, xd, oa, ob, oc, nchunk):
     """Q, K and V (split row-interleaved Q4_0) on the same activation in one parallel region.
 
-    Taught in day11_2."""
+    Taught in day07_3 (planned)."""
     ga, gb = na_.shape[0], nb_.shape[0]
     ng = ga + gb + nc_.shape[0]
     step = (ng + nchunk - 1) // nchunk
@@ -817,7 +817,7 @@ def softmax_inplace(x, n):
 
 @njit(cache=True)
 def embed_f16(table, ids, lut, out):
-    """Rows of an F16 embedding table (uint16 bits) for ``ids`` → float32 (T, D). Taught in day12_2."""
+    """Rows of an F16 embedding table (uint16 bits) for ``ids`` → float32 (T, D). Taught in day23_1."""
     D = table.shape[1]
     for t in range(ids.shape[0]):
         row = table[ids[t]]

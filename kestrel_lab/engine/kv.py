@@ -59,7 +59,7 @@ class KVCache:
                 f"(open the engine with a larger max_context, or reset/truncate the cache)")
 
     def truncate(self, pos: int) -> None:
-        """Forget every entry at position ≥ ``pos`` (they will be overwritten). Taught in day14_2."""
+        """Forget every entry at position ≥ ``pos`` (they will be overwritten). Taught in day11_1."""
         if not 0 <= pos <= self.pos:
             raise ValueError(f"truncate({pos}): the cache holds {self.pos} tokens; expected 0 ≤ pos ≤ {self.pos}")
         self.pos = int(pos)

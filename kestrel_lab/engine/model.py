@@ -131,7 +131,7 @@ class Activation:
     def q8c(self):
         """(int8 values, ``−8·Σx`` per block, scales) for the row-interleaved Q4_0 kernels, computed once.
 
-        Taught in day05_2."""
+        Taught in day23_2."""
         if self._c is None:
             xq, xd = self.q8()
             xc = np.empty(xd.shape, np.int16)

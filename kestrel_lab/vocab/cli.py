@@ -1,6 +1,6 @@
 """``kestrel-lab vocab …``: write tokenizer.json, compile vocab.bin, check, inspect, encode, probe.
 
-Taught in day18_2.
+The lessons (day18_1, day18_2) call the modules behind these commands directly.
 """
 from __future__ import annotations
 

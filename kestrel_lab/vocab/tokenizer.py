@@ -1,6 +1,6 @@
 """One ``Tokenizer`` for the workbook: encode with BPE (HF-exact) or the engine's greedy, decode bytes.
 
-Taught in day18_1 (encoders) and day18_2 (vocab.bin as the engine's only input).
+Taught in day18_1 (encoders; vocab.bin as the engine's input is day18_2's subject).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ _ADDED_LOOKING = re.compile(rb"^<(\|[A-Za-z0-9_]+\||/?[A-Za-z0-9_]+)>$")
 def default_vocab_bin(tokenizer_json: str | os.PathLike | None = None) -> Path:
     """vocab.bin compiled from ``tokenizer_json`` (None: the embedded one), cached by content hash.
 
-    Taught in day18_2.
+    Taught in day18_1.
     """
     from kestrel_lab.vocab.compiler import compile_vocab
     from kestrel_lab.vocab.tokenizer_json import default_tokenizer_json
@@ -96,7 +96,7 @@ class Tokenizer:
 
         With only a vocab.bin, token bytes are the entries' engine view, the added tokens are the
         trailing run of entries that look like ``<|name|>``/``<name>``/``</name>``, and BPE ranks
-        are the ids. Taught in day18_2.
+        are the ids. Taught in day18_1.
         """
         from kestrel_lab.vocab.tokenizer_json import default_tokenizer_json, read_tokenizer_json
 

@@ -10,7 +10,7 @@ SPEC_PAGE = Path(__file__).resolve().parents[2] / "book" / "formats" / "vqf.md"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``kestrel-lab vqf …`` to the command line. Taught in day16_3."""
+    """Add ``kestrel-lab vqf …`` to the command line (day16_3 calls the modules behind it directly)."""
     vqf = sub.add_parser("vqf", help="plan, inspect, verify and dump VQF weight files")
     act = vqf.add_subparsers(dest="vqf_command", metavar="ACTION", required=True)
 
@@ -70,8 +70,7 @@ def _inspect(args) -> int:
 
 
 def _verify(args) -> int:
-    from kestrel_lab.vqf.checksum import verify_file
-    from kestrel_lab.vqf.reader import open_vqf
+    from kestrel_lab.vqf.reader import open_vqf, verify_file
 
     with open_vqf(args.file, verify=False) as vf:
         h = vf.header

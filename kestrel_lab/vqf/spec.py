@@ -5,7 +5,7 @@ The page marks each generated table with ``<!-- generated:KEY -->`` … ``<!-- /
 qtype table from ``kestrel_lab.quant.QTYPES`` and the 41-entry map from the planner; ``splice``
 puts them in place. ``kestrel-lab vqf spec`` rewrites the page, and a test fails when it is stale.
 
-Taught in day16_2.
+The page is read alongside day16_2.
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def _sources() -> str:
 
 
 def render() -> dict[str, str]:
-    """Every generated block of the spec page, by key. Taught in day16_2."""
+    """Every generated block of the spec page, by key."""
     out = spec_tables()
     out["map2b"] = _map_2b()
     out["sources"] = _sources()
@@ -55,7 +55,7 @@ def render() -> dict[str, str]:
 
 
 def splice(text: str, blocks: dict[str, str]) -> str:
-    """Replace each marked region of ``text`` with its block; unknown keys are an error. Taught in day16_2."""
+    """Replace each marked region of ``text`` with its block; unknown keys are an error."""
     def sub(m):
         key = m.group(2)
         if key not in blocks:
@@ -66,5 +66,5 @@ def splice(text: str, blocks: dict[str, str]) -> str:
 
 
 def regions(text: str) -> list[str]:
-    """Keys of the generated regions in ``text``. Taught in day16_2."""
+    """Keys of the generated regions in ``text``."""
     return [m.group(2) for m in _REGION.finditer(text)]
