@@ -41,6 +41,8 @@ from pathlib import Path
 from kestrel_lab import paths
 from kestrel_lab.atomic import write_json
 from kestrel_lab.config import ModelConfig
+from kestrel_lab.quant import QType
+from kestrel_lab.vqf.layout import resolve_quant
 
 __all__ = ["ARCHS", "TRAINED", "SCHEMA", "sources_hash", "vqf", "hf_checkpoint", "default_bench_vqf",
            "evict", "cache_key_path"]
@@ -188,7 +190,7 @@ def _files_stamp(src: Path) -> dict:
 
 # ----------------------------------------------------------------------------- VQF files
 def vqf(model: str | os.PathLike = "random", *, arch: str | None = None, config=None,
-        overrides: dict | None = None, layers: int | None = None, seed: int = 0, quant: str = "q4_0",
+        overrides: dict | None = None, layers: int | None = None, seed: int = 0, quant: "str | QType" = "q4_0",
         name: str | None = None, progress=None) -> Path:
     """The cached VQF file of a model (built on first use, rebuilt when its key changes).
 
@@ -197,7 +199,7 @@ def vqf(model: str | os.PathLike = "random", *, arch: str | None = None, config=
     ``overrides``, ``layers`` and ``seed`` do not apply). ``name``: the readable part of the file name
     (default: from the config or the model). Taught in day13_1.
     """
-    quant = str(quant).lower()
+    quant = resolve_quant(quant).name.lower()   # read once; the file name and the key use its name
     if str(model) == "random":
         from kestrel_lab.vqf import synth
 

@@ -257,12 +257,15 @@ def run(config_path=None, quant: str = "q4_0", threads: list[int] | None = None,
     from kestrel_lab.roofline import decode_ceiling, memory_bandwidth
     from kestrel_lab.threads import resolve_threads
 
+    from kestrel_lab.vqf.layout import resolve_quant
+
+    qt = resolve_quant(quant)               # the quant name is read here, once
     all_t = resolve_threads(None)
     threads = sorted(set(threads or [1, all_t]))
     t0 = time.perf_counter()
-    path = models.vqf(config=Path(config_path) if config_path else configs_dir() / DEFAULT_CONFIG, quant=quant)
+    path = models.vqf(config=Path(config_path) if config_path else configs_dir() / DEFAULT_CONFIG, quant=qt)
     log(f"model: {path} ({path.stat().st_size / 1e6:.1f} MB, ready in {time.perf_counter() - t0:.1f} s)")
-    res = {"vqf": str(path), "quant": quant, "threads": threads, "engine": {}, "bandwidth": {},
+    res = {"vqf": str(path), "quant": qt.name.lower(), "threads": threads, "engine": {}, "bandwidth": {},
            "ceiling_tok_s": {}, "pct_of_ceiling": {}, "kernels_gbs": {}, "torch": {}}
     log("compile: fresh process, empty numba cache …")
     with tempfile.TemporaryDirectory(prefix="kestrel-numba-") as tmp:
@@ -278,7 +281,7 @@ def run(config_path=None, quant: str = "q4_0", threads: list[int] | None = None,
         res["ceiling_tok_s"][t] = ceil
         res["pct_of_ceiling"][t] = 100.0 * e["decode_tok_s"] / ceil
         res["kernels_gbs"][t] = kernel_speeds(t)
-        if quant.lower() == "q4_0":
+        if qt is Q.Q4_0:
             log(f"engine on the file's plain Q4_0 layout, {t} thread(s) …")
             res.setdefault("engine_plain", {})[t] = engine_speed(path, t, decode_tokens=decode_tokens, interleave=False)
             log(f"engine on a Q4_8X8L copy, {t} thread(s) …")
