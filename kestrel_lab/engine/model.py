@@ -244,16 +244,13 @@ class Qwen3Engine:
         # rows of one layer's slice of each stacked matrix (the lm head is one matrix)
         per_layer = {name: specs[name].rows // (1 if name == "q4_lm" else L) for name in MATRICES + ("q4_lm",)}
         self.repack_seconds = 0.0
-        self.repacked_bytes = 0
         # Where each tensor's bytes live while the engine runs: used in place from the file's mapping
         # (shared with every process that maps it) or copied at load into anonymous memory.
-        self.bytes_in_place = {n: tensors[n].data.nbytes for n in ("token_embed", "final_norm", "attn_norm",
-                                                                   "ffn_norm", "q_norm", "k_norm")}
+        self.bytes_in_place = {name: tensors[name].data.nbytes for name in specs}
         self.bytes_copied = {}
         stacked, planes = {}, {}
         for name in MATRICES + ("q4_lm",):
             t = tensors[name]
-            self.bytes_in_place[name] = t.data.nbytes
             if interleave and not repack and t.qtype == Q.Q4_0.id and per_layer[name] % K.QR == 0:
                 t0 = time.perf_counter()
                 src = t.data.reshape(t.rows, t.data.size // t.rows)
@@ -264,8 +261,8 @@ class Qwen3Engine:
                 nib.setflags(write=False)
                 sc.setflags(write=False)
                 self.repack_seconds += time.perf_counter() - t0
-                self.repacked_bytes += nib.nbytes + sc.nbytes
-                self.bytes_copied[name] = self.bytes_in_place.pop(name)
+                del self.bytes_in_place[name]
+                self.bytes_copied[name] = nib.nbytes + sc.nbytes
                 planes[name] = (nib, sc)
             elif repack and t.qtype == Q.Q4_0.id and t.rows % 8 == 0:
                 t0 = time.perf_counter()
@@ -273,8 +270,8 @@ class Qwen3Engine:
                 dst = np.empty(t.data.size, np.uint8)
                 K.repack_q4_0_to_8x8l(src, dst, K.n_chunks(t.rows // 8))
                 self.repack_seconds += time.perf_counter() - t0
-                self.repacked_bytes += dst.size
-                self.bytes_copied[name] = self.bytes_in_place.pop(name)
+                del self.bytes_in_place[name]
+                self.bytes_copied[name] = dst.nbytes
                 t = RawTensor(Q.Q4_8X8L.id, t.rows, t.cols, dst)
             stacked[name] = t
         def split(name, g0, g1):
