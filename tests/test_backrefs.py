@@ -2,13 +2,12 @@
 and a written part's notebook really imports or names that module; every ``# kestrel_lab.x.y``
 comment in a notebook (the book's "this cell calls …" convention) resolves to a real definition."""
 import importlib
-import json
 import re
 
 import pytest
 
 from kestrel_lab.book import syllabus
-from kestrel_lab.book.cache import Project, imported_modules
+from kestrel_lab.book.cache import Project, imported_modules, notebook_code
 from kestrel_lab.paths import REPO_ROOT
 
 PROJECT = Project(REPO_ROOT)
@@ -18,12 +17,7 @@ PART_ID = re.compile(r"day\d\d_[1-3]")
 COMMENT_REF = re.compile(r"#.*?\b(kestrel_lab(?:\.\w+)+)")
 
 
-def _code(nb_id: str) -> str:
-    nb = json.loads((REPO_ROOT / PARTS[nb_id].notebook).read_text(encoding="utf-8"))
-    return "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
-
-
-CODE = {pid: _code(pid) for pid, p in PARTS.items() if p.written}
+CODE = {pid: notebook_code(REPO_ROOT / p.notebook) for pid, p in PARTS.items() if p.written}
 
 
 def _imported_from(code: str) -> set[str]:

@@ -31,16 +31,14 @@ def module_map_rows(root: Path = REPO_ROOT) -> list[tuple[str, str, list[str], i
     ``# kestrel_lab.module.function`` comment (the book's convention for a cell that calls it).
     """
     import ast
-    import json
 
-    from kestrel_lab.book.cache import Project, imported_modules
+    from kestrel_lab.book.cache import Project, imported_modules, notebook_code
 
     project = Project(root)
     users: dict[str, set[str]] = {}
     named: dict[str, set[str]] = {}
     for nb_id, nb_path in find_notebooks(root).items():
-        nb = json.loads((root / nb_path).read_text(encoding="utf-8"))
-        code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+        code = notebook_code(root / nb_path)
         for mod in imported_modules(code, project.package):
             users.setdefault(mod, set()).add(nb_id)
         for ref in re.findall(r"#.*?\b(kestrel_lab(?:\.\w+)+)", code):

@@ -125,13 +125,9 @@ def used() -> dict[str, int]:
 
 
 # --------------------------------------------------------------------------- the portable kernels
-def _nch(rows: int) -> int:
-    return K.n_chunks(rows)
-
-
 @register("F32", "one", name="matvec_f32")
 def _f32_one(w, act, out):
-    K.matvec_f32(w.w, act.x[0], out[0], _nch(w.rows))
+    K.matvec_f32(w.w, act.x[0], out[0], K.n_chunks(w.rows))
 
 
 @register("F32", "many", name="numpy_matmul_f32")
@@ -141,36 +137,36 @@ def _f32_many(w, act, out):
 
 @register("F16", "one", name="matvec_f16")
 def _f16_one(w, act, out):
-    K.matvec_f16(w.w, act.x[0], K.F16_TO_F32, out[0], _nch(w.rows))
+    K.matvec_f16(w.w, act.x[0], K.F16_TO_F32, out[0], K.n_chunks(w.rows))
 
 
 @register("F16", "many", name="matmul_rows_f16")
 def _f16_many(w, act, out):
-    K.matmul_rows_f16(w.w, act.x, K.F16_TO_F32, out, _nch(w.rows))
+    K.matmul_rows_f16(w.w, act.x, K.F16_TO_F32, out, K.n_chunks(w.rows))
 
 
 @register("Q8_0", "one", name="matvec_q8_0")
 def _q8_one(w, act, out):
     xq, xd = act.q8()
-    K.matvec_q8_0(w.w, w.w.view(np.int8), xq, xd, K.F16_TO_F32, out[0], _nch(w.rows))
+    K.matvec_q8_0(w.w, w.w.view(np.int8), xq, xd, K.F16_TO_F32, out[0], K.n_chunks(w.rows))
 
 
 @register("Q8_0", "many", name="matmul_rows_q8_0")
 def _q8_many(w, act, out):
     xq, xd = act.q8()
-    K.matmul_rows_q8_0(w.w, w.w.view(np.int8), xq, xd, K.F16_TO_F32, out, _nch(w.rows))
+    K.matmul_rows_q8_0(w.w, w.w.view(np.int8), xq, xd, K.F16_TO_F32, out, K.n_chunks(w.rows))
 
 
 @register("Q4_0", "one", name="matvec_q4_0")
 def _q4_one(w, act, out):
     xq, xd = act.q8()
-    K.matvec_q4_0(w.w, xq, xd, K.F16_TO_F32, out[0], _nch(w.rows))
+    K.matvec_q4_0(w.w, xq, xd, K.F16_TO_F32, out[0], K.n_chunks(w.rows))
 
 
 @register("Q4_0", "many", name="matmul_rows_q4_0")
 def _q4_many(w, act, out):
     xq, xd = act.q8()
-    K.matmul_rows_q4_0(w.w, xq, xd, K.F16_TO_F32, out, _nch(w.rows))
+    K.matmul_rows_q4_0(w.w, xq, xd, K.F16_TO_F32, out, K.n_chunks(w.rows))
 
 
 @register("Q4_0", "qkv", name="matvec3_q4_0")
