@@ -176,3 +176,25 @@ def test_probs_is_the_distribution_drawn_from():
 def test_bad_logits_shape():
     with pytest.raises(ValueError, match="1-D"):
         Sampler()(np.zeros((2, 3)))
+
+
+def _top_p_by_full_sort(logits, p):
+    """The nucleus by sorting every probability: what top_p_filter's partition shortcut must equal."""
+    x = np.array(logits, dtype=np.float64, copy=True)
+    probs = softmax(x)
+    order = np.argsort(-probs, kind="stable")
+    before = np.cumsum(probs[order]) - probs[order]
+    x[order[before >= p]] = -np.inf
+    return x
+
+
+@pytest.mark.parametrize("vocab", [7, 3000, 151_936])
+@pytest.mark.parametrize("p", [0.05, 0.9, 0.999999])
+def test_top_p_shortcut_equals_the_full_sort(vocab, p):
+    # Wide logits (small nucleus), flat ones (a nucleus larger than the first candidate guess, so the
+    # candidate set has to grow) and rounded ones (ties at the candidate boundary, kept by id).
+    rng = np.random.default_rng(vocab)
+    for x in (rng.standard_normal(vocab) * 8, rng.standard_normal(vocab) * 0.3,
+              np.round(rng.standard_normal(vocab), 1), np.zeros(vocab)):
+        x = x.astype(np.float32)
+        assert np.array_equal(top_p_filter(x, p), _top_p_by_full_sort(x, p))

@@ -144,17 +144,40 @@ def top_p_filter(logits: np.ndarray, p: float) -> np.ndarray:
 
     Tokens are sorted by probability (descending, ties by id); a token is kept when the mass of the
     tokens before it is still < p, so the kept prefix is the shortest one that reaches p, and the top
-    token is always kept. p = 1: no change. Taught in day13_2.
+    token is always kept. p = 1: no change.
+
+    Sorting all 151,936 probabilities costs ~20 ms per sampled token, yet the nucleus is usually a
+    few hundred tokens. So the candidates are found first with ``np.partition`` (O(vocab)): every
+    token at least as likely as the ``n``-th most likely one — all ties included, so they are exactly
+    the first tokens of the full (probability, id) order — and only they are sorted. When their mass
+    already reaches ``p`` the kept set lies inside them and the result is the full sort's, bit for
+    bit (the same cumulative sums over the same prefix); otherwise ``n`` grows until it does.
+    Taught in day13_2.
     """
     x = np.array(logits, dtype=np.float64, copy=True)
     if p >= 1.0:
         return x
     probs = softmax(x)
-    order = np.argsort(-probs, kind="stable")
-    before = np.cumsum(probs[order]) - probs[order]  # mass strictly before each sorted token
-    drop = order[before >= p]
-    x[drop] = -np.inf
+    n = min(probs.size, TOP_P_FIRST_CANDIDATES)
+    while True:
+        if n >= probs.size:
+            cand = np.arange(probs.size)
+        else:
+            nth = np.partition(probs, probs.size - n)[probs.size - n]
+            cand = np.flatnonzero(probs >= nth)  # ascending ids: the stable sort keeps ties by id
+        order = cand[np.argsort(-probs[cand], kind="stable")]
+        sorted_p = probs[order]
+        before = np.cumsum(sorted_p) - sorted_p  # mass strictly before each sorted token
+        if cand.size == probs.size or before[-1] + sorted_p[-1] >= p:
+            break
+        n *= 8
+    keep = np.zeros(probs.size, dtype=bool)
+    keep[order[before < p]] = True
+    x[~keep] = -np.inf
     return x
+
+
+TOP_P_FIRST_CANDIDATES = 1024  # first guess at the nucleus size: grows ×8 when it holds less than p
 
 
 def min_p_filter(logits: np.ndarray, min_p: float) -> np.ndarray:
