@@ -3,8 +3,15 @@
 Decoding token ``n`` needs the keys and values of tokens 0…n−1 in every layer; recomputing them
 would make each step cost the whole prefix again, so they are kept. Layout per layer:
 ``(kv_heads, max_context, head_dim)`` float32, so that one head's keys for all positions are one
-contiguous run (the attention loop walks positions). The arrays are allocated with ``np.zeros``: the
-OS maps pages lazily, so a 4,096-token cache only costs memory for the positions actually written.
+contiguous run (the attention loop walks positions).
+
+Allocation: the OS maps fresh anonymous pages lazily, so a 4,096-token cache should only cost memory
+for the positions actually written. ``np.zeros`` breaks that for big arrays: numpy asks the kernel
+for *transparent huge pages* on them (``madvise(MADV_HUGEPAGE)``), and one token writes one row in
+each of the ``layers × kv_heads`` runs — each in its own 2 MiB huge page, so the first token of
+Qwen3-0.6B commits ~896 MiB. ``alloc="lazy"`` (the default) maps the arrays itself and asks for
+ordinary 4 KiB pages (``MADV_NOHUGEPAGE``): the first token then commits a few MiB.
+``alloc="numpy"`` keeps the old ``np.zeros`` allocation, so the difference can be measured.
 
 Memory: ``2 (K and V) × layers × kv_heads × head_dim × 4 bytes`` per token — 224 KiB for
 Qwen3-0.6B (28 × 8 × 128), i.e. 896 MiB at 4,096 tokens: GQA (8 KV heads for 16 query heads)
@@ -14,7 +21,23 @@ Taught in day11_1 and day11_3.
 """
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
+
+ALLOCS = ("lazy", "numpy")
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
+    """A zero array on its own anonymous mapping with ordinary (not huge) pages: memory is committed
+    4 KiB at a time, where it is written. Taught in day11_3."""
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if nbytes == 0:
+        return np.zeros(shape, dtype)
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(buf, dtype=dtype).reshape(shape)
 
 
 class ContextFullError(ValueError):
@@ -24,13 +47,17 @@ class ContextFullError(ValueError):
 class KVCache:
     """Preallocated keys/values for ``layers`` layers. Taught in day11_1."""
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, max_context: int):
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, max_context: int, alloc: str = "lazy"):
         if max_context < 1:
             raise ValueError(f"max_context={max_context} must be ≥ 1")
+        if alloc not in ALLOCS:
+            raise ValueError(f"alloc={alloc!r}: expected one of {', '.join(ALLOCS)}")
         self.layers, self.kv_heads, self.head_dim, self.max_context = layers, kv_heads, head_dim, int(max_context)
+        self.alloc = alloc
         shape = (layers, kv_heads, self.max_context, head_dim)
-        self.k = np.zeros(shape, dtype=np.float32)
-        self.v = np.zeros(shape, dtype=np.float32)
+        zeros = lazy_zeros if alloc == "lazy" else np.zeros
+        self.k = zeros(shape, dtype=np.float32)
+        self.v = zeros(shape, dtype=np.float32)
         self.pos = 0
 
     @staticmethod
