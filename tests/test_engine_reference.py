@@ -115,13 +115,16 @@ def test_quantized_engine_matches_numpy_reference(checkpoint, quant):
         assert d_step <= 2e-5 * scale
 
 
-def test_whole_step_decode_is_bit_identical_to_the_layer_by_layer_path(checkpoint):
-    """``decode_layers_r32`` runs the same kernels in the same order as the per-layer Python loop."""
+@pytest.mark.parametrize("forced", ["r32", "v16"])
+def test_whole_step_decode_is_bit_identical_to_the_layer_by_layer_path(checkpoint, monkeypatch, forced):
+    """``decode_layers_r32`` (and the V16 step) run the same kernels in the same order as the per-layer
+    Python loop."""
     _, vqf = checkpoint
+    monkeypatch.setenv("KESTREL_Q4_LAYOUT", forced)
     eng = Qwen3Engine.from_vqf(vqf["q4_0"], max_context=64)
     assert eng._planes is not None, "Q4_0 test shapes are multiples of 32: the fast path must be taken"
-    whole_step = eng._step  # the registry's ("Q4_0_R32", "layers") kernel
-    assert whole_step.name == "decode_layers_r32"
+    whole_step = eng._step  # the registry's (eng.q4_layout, "layers") kernel
+    assert whole_step.name.startswith(f"decode_layers_{forced}")
     runs = []
     for fast in (True, False):
         eng._step = whole_step if fast else None

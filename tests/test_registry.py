@@ -6,7 +6,7 @@ import pytest
 from kestrel_lab import quant as Q
 from kestrel_lab.engine import registry
 
-LAYOUTS = [q.name for q in Q.QTYPES.values()] + ["Q4_0_R32"]
+LAYOUTS = [q.name for q in Q.QTYPES.values()] + list(registry.PLANE_LAYOUTS)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -32,24 +32,43 @@ def test_an_isa_kernel_is_chosen_only_where_the_host_has_the_feature():
     assert registry.select("NO_SUCH_LAYOUT", "one", frozenset()) is None
 
 
-def test_the_engine_reports_and_counts_the_kernels_it_runs(tmp_path):
+@pytest.mark.parametrize("forced", ["r32", "v16"])
+def test_the_engine_reports_and_counts_the_kernels_it_runs(tmp_path, monkeypatch, forced):
     from kestrel_lab.convert import convert
     from kestrel_lab.engine import Qwen3Engine
     from kestrel_lab.models import hf_checkpoint
 
+    monkeypatch.setenv("KESTREL_Q4_LAYOUT", forced)
+    layout = {"r32": "Q4_0_R32", "v16": "Q4_0_V16"}[forced]
+    # the V16 kernels run with vpdpbusd where the host has AVX-512 VNNI, else their portable twins
+    sfx = "_vnni" if forced == "v16" and "avx512_vnni" in registry.host_features() else ""
     out = tmp_path / "m.vqf"
     convert(hf_checkpoint(), out, "q4_0", hash_source=False)
     eng = Qwen3Engine.from_vqf(out, max_context=32)
     paths = eng.kernel_paths()
-    assert paths["decode_step"] == "decode_layers_r32"
-    assert paths["matrices"]["Q4_0_R32"] == {"one": "matvec_q4_r32", "many": "matmul_q4_r32",
-                                            "qkv": "matvec3_q4_r32", "swiglu": "matvec_swiglu_q4_r32"}
+    assert eng.q4_layout == layout
+    assert paths["decode_step"] == f"decode_layers_{forced}{sfx}"
+    assert paths["matrices"][layout] == {"one": f"matvec_q4_{forced}{sfx}", "many": f"matmul_q4_{forced}{sfx}",
+                                         "qkv": f"matvec3_q4_{forced}{sfx}",
+                                         "swiglu": f"matvec_swiglu_q4_{forced}{sfx}"}
     before = dict(registry.used())
     eng.prefill([1, 2, 3])
     eng.decode(4)
     after = registry.used()
-    assert after["decode_layers_r32"] == before.get("decode_layers_r32", 0) + 1
-    assert after["matmul_q4_r32"] > before.get("matmul_q4_r32", 0)
+    step = f"decode_layers_{forced}{sfx}"
+    assert after[step] == before.get(step, 0) + 1
+    assert after[f"matmul_q4_{forced}{sfx}"] > before.get(f"matmul_q4_{forced}{sfx}", 0)
     plain = Qwen3Engine.from_vqf(out, max_context=32, interleave=False).kernel_paths()
     assert plain["decode_step"] is None and plain["matrices"]["Q4_0"]["qkv"] == "matvec3_q4_0"
     assert np.isfinite(eng.decode(5)).all()
+
+
+def test_the_load_layout_follows_the_host_and_the_override(monkeypatch):
+    monkeypatch.delenv("KESTREL_Q4_LAYOUT", raising=False)
+    assert registry.q4_load_layout(frozenset()) == "Q4_0_R32"
+    assert registry.q4_load_layout(frozenset({"avx512_vnni"})) == "Q4_0_V16"
+    monkeypatch.setenv("KESTREL_Q4_LAYOUT", "r32")
+    assert registry.q4_load_layout(frozenset({"avx512_vnni"})) == "Q4_0_R32"
+    monkeypatch.setenv("KESTREL_Q4_LAYOUT", "wide")
+    with pytest.raises(ValueError, match="KESTREL_Q4_LAYOUT"):
+        registry.q4_load_layout()

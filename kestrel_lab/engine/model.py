@@ -22,7 +22,9 @@ row-interleaved layout of ``kernels.repack_q4_0_to_r32`` (anonymous memory, the 
 the Q4 weights: ~0.3 s for Qwen3-0.6B's 336 MB on two cores). Its kernels make rows the SIMD lanes
 and decode ~2.5× faster than the 16-lane kernel on the file's layout, prefill ~4× faster; with
 every layer matrix in that layout a decode step runs all layers in one numba call
-(``decode_layers_r32``). ``interleave=False`` keeps the file's layout (zero copy, the 16-lane
+(``decode_layers_r32``). On a host with AVX-512 VNNI the copy is the 16-row layout of
+``kernels_v16`` instead (``registry.q4_load_layout``: the same bytes again, multiplied with
+``vpdpbusd``; the same sums, bit for bit). ``interleave=False`` keeps the file's layout (zero copy, the 16-lane
 kernels); ``repack=True`` copies plain Q4_0 into Q4_8X8L instead. ``kestrel-lab bench`` shows all.
 
 Activations are float32. For F32/F16 weights the matvecs are float dot products (this is the path
@@ -42,6 +44,7 @@ import numpy as np
 from kestrel_lab import quant as Q
 from kestrel_lab.config import ModelConfig
 from kestrel_lab.engine import kernels as K
+from kestrel_lab.engine import kernels_v16 as V
 from kestrel_lab.engine import registry
 from kestrel_lab.engine.attention import attend
 from kestrel_lab.engine.kv import ContextFullError, KVCache
@@ -73,17 +76,20 @@ class Linear:
     ``__call__(act)`` returns ``act.x @ W.T`` as float32 (T, rows) with the kernels the registry
     gives its layout (``kernel_one`` for one token, ``kernel_many`` for many). ``r32``: the
     (nibbles, scales) planes of a plain Q4_0 matrix made by ``kernels.repack_q4_0_to_r32``; when
-    given, the layout is ``Q4_0_R32`` and they are what the kernels read.
+    given, the layout is ``planes_layout`` (``Q4_0_R32`` or ``Q4_0_V16``) and they are what the kernels read.
     Taught in day12_1.
     """
 
-    def __init__(self, qtype: int, rows: int, cols: int, data: np.ndarray, name: str = "", r32=None):
+    def __init__(self, qtype: int, rows: int, cols: int, data: np.ndarray, name: str = "", r32=None,
+                 planes_layout: str = "Q4_0_R32"):
         self.qt = Q.qtype(qtype)
         self.rows, self.cols, self.name = rows, cols, name
         self.nbytes = int(data.size)
-        # Plain Q4_0 split and row-interleaved at load (``kernels.repack_q4_0_to_r32``): the planes
-        # (nibbles, scales) that every product with this matrix then reads instead of ``w``.
+        # Plain Q4_0 split and row-grouped at load (``kernels.repack_q4_0_to_r32``, or
+        # ``kernels_v16.repack_q4_0_to_v16`` for ``planes_layout="Q4_0_V16"``): the planes (nibbles,
+        # scales) that every product with this matrix then reads instead of ``w``.
         self.nib, self.sc = r32 if r32 is not None else (None, None)
+        self.planes_layout = planes_layout
         q = self.qt
         if q is Q.F32:
             self.w = data.view("<f4").reshape(rows, cols)
@@ -249,15 +255,19 @@ class Qwen3Engine:
         self.bytes_in_place = {name: tensors[name].data.nbytes for name in specs}
         self.bytes_copied = {}
         stacked, planes = {}, {}
+        # plain Q4_0 → the row-grouped layout this host's fastest kernels read (G rows per group)
+        self.q4_layout = registry.q4_load_layout()
+        G = registry.PLANE_LAYOUTS[self.q4_layout]
+        split_q4 = K.repack_q4_0_to_r32 if self.q4_layout == "Q4_0_R32" else V.repack_q4_0_to_v16
         for name in MATRICES + ("q4_lm",):
             t = tensors[name]
-            if interleave and not repack and t.qtype == Q.Q4_0.id and per_layer[name] % K.QR == 0:
+            if interleave and not repack and t.qtype == Q.Q4_0.id and per_layer[name] % G == 0:
                 t0 = time.perf_counter()
                 src = t.data.reshape(t.rows, t.data.size // t.rows)
                 nb = t.cols // K.QK
-                nib = np.empty((t.rows // K.QR, nb * 16 * K.QR), np.uint8)
-                sc = np.empty((t.rows // K.QR, nb * K.QR), np.uint16)
-                K.repack_q4_0_to_r32(src, nib, sc, K.n_chunks(t.rows // K.QR))
+                nib = np.empty((t.rows // G, nb * 16 * G), np.uint8)
+                sc = np.empty((t.rows // G, nb * G), np.uint16)
+                split_q4(src, nib, sc, K.n_chunks(t.rows // G))
                 nib.setflags(write=False)
                 sc.setflags(write=False)
                 self.repack_seconds += time.perf_counter() - t0
@@ -283,19 +293,19 @@ class Qwen3Engine:
         # The whole-step kernel (registry call "layers") needs every layer matrix row-interleaved.
         self._planes = (tuple(a for name in MATRICES for a in planes[name])
                         if all(name in planes for name in MATRICES) else None)
-        self._step = _kernel("Q4_0_R32", "layers") if self._planes is not None else None
+        self._step = _kernel(self.q4_layout, "layers") if self._planes is not None else None
         self.layers = []
         for layer in range(L):
             mats = {}
             for name in MATRICES:
                 rows, t = per_layer[name], stacked[name]
-                g0, g1 = layer * rows // K.QR, (layer + 1) * rows // K.QR
+                g0, g1 = layer * rows // G, (layer + 1) * rows // G
                 mats[name] = Linear(t.qtype, rows, t.cols, _rows_slice(t, layer * rows, (layer + 1) * rows),
-                                    f"{name}[{layer}]", r32=split(name, g0, g1))
+                                    f"{name}[{layer}]", r32=split(name, g0, g1), planes_layout=self.q4_layout)
             self.layers.append(mats)
         t = stacked["q4_lm"]
         self.lm_head = Linear(t.qtype, t.rows, t.cols, t.data.reshape(-1), "q4_lm",
-                              r32=split("q4_lm", 0, None))
+                              r32=split("q4_lm", 0, None), planes_layout=self.q4_layout)
         self.weight_qtypes = {name: Q.qtype(stacked[name].qtype).name for name in stacked}
 
         self.max_context = int(min(max_context, c.max_position_embeddings))

@@ -24,6 +24,7 @@ Taught in day06_3 (planned).
 """
 from __future__ import annotations
 
+import os
 import platform
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -32,6 +33,7 @@ from typing import Callable
 import numpy as np
 
 from kestrel_lab.engine import kernels as K
+from kestrel_lab.engine import kernels_v16 as V
 from kestrel_lab.engine import step
 
 CALLS = ("one", "many", "qkv", "swiglu", "layers")
@@ -105,8 +107,28 @@ def select(layout: str, call: str, features: frozenset[str] | None = None) -> Ke
 
 
 def layout_of(w) -> str:
-    """The layout name of a ``Linear``: its qtype, or ``Q4_0_R32`` when it carries interleaved planes."""
-    return "Q4_0_R32" if getattr(w, "nib", None) is not None else w.qt.name
+    """The layout name of a ``Linear``: its qtype, or its planes' layout (``Q4_0_R32``, ``Q4_0_V16``)
+    when it carries row-grouped planes made at load."""
+    if getattr(w, "nib", None) is not None:
+        return getattr(w, "planes_layout", "Q4_0_R32")
+    return w.qt.name
+
+
+PLANE_LAYOUTS = {"Q4_0_R32": 32, "Q4_0_V16": 16}   # layouts made from plain Q4_0 at load → rows per group
+
+
+def q4_load_layout(features: frozenset[str] | None = None) -> str:
+    """The layout the engine splits plain Q4_0 into at load on this host: ``Q4_0_V16`` where an
+    ISA-specific kernel for it is available (AVX-512 VNNI), else ``Q4_0_R32`` (faster than the
+    portable ``Q4_0_V16`` kernels). ``KESTREL_Q4_LAYOUT=r32|v16`` forces one, to measure both."""
+    forced = os.environ.get("KESTREL_Q4_LAYOUT", "").strip().lower()
+    if forced:
+        name = {"r32": "Q4_0_R32", "v16": "Q4_0_V16"}.get(forced)
+        if name is None:
+            raise ValueError(f"KESTREL_Q4_LAYOUT={forced!r}: expected r32 or v16")
+        return name
+    k = select("Q4_0_V16", "one", features)
+    return "Q4_0_V16" if k is not None and k.isa != PORTABLE else "Q4_0_R32"
 
 
 def table_rows() -> list[tuple[str, str, str, str]]:
@@ -233,3 +255,35 @@ def _x8_qkv(wq, wk, wv, act, q, k, v):
 def _x8_swiglu(wg, wu, act, out):
     xe, xd = act.x8x8()
     K.matvec_swiglu_q4_8x8l(wg.w, wu.w, xe, xd, K.F16_TO_F32, out[0], K.n_chunks(wg.rows // 8))
+
+
+# ------------------------------------------------------------------ Q4_0_V16: portable and AVX-512 VNNI
+def _register_v16(isa: str, suffix: str, matvec, matvec3, swiglu, matmul):
+    """The five calls on ``Q4_0_V16`` for one ISA (the kernels of ``kernels_v16._make_kernels``)."""
+    def one(w, act, out):
+        xq, xc, xd = act.q8c()
+        matvec(w.nib, w.sc, xq, xc, xd, out[0], K.n_chunks(w.nib.shape[0]))
+
+    def many(w, act, out):
+        xq, xc, xd = act.q8c()
+        matmul(w.nib, w.sc, xq, xc, xd, out, K.n_chunks(w.nib.shape[0]))
+
+    def qkv(wq, wk, wv, act, q, k, v):
+        xq, xc, xd = act.q8c()
+        matvec3(wq.nib, wq.sc, wk.nib, wk.sc, wv.nib, wv.sc, xq, xc, xd, q[0], k[0], v[0],
+                K.n_chunks(wq.nib.shape[0] + wk.nib.shape[0] + wv.nib.shape[0]))
+
+    def fused_swiglu(wg, wu, act, out):
+        xq, xc, xd = act.q8c()
+        swiglu(wg.nib, wg.sc, wu.nib, wu.sc, xq, xc, xd, out[0], K.n_chunks(wg.nib.shape[0]))
+
+    register("Q4_0_V16", "one", isa, name=f"matvec_q4_v16{suffix}")(one)
+    register("Q4_0_V16", "many", isa, name=f"matmul_q4_v16{suffix}")(many)
+    register("Q4_0_V16", "qkv", isa, name=f"matvec3_q4_v16{suffix}")(qkv)
+    register("Q4_0_V16", "swiglu", isa, name=f"matvec_swiglu_q4_v16{suffix}")(fused_swiglu)
+    register("Q4_0_V16", "layers", isa, name=f"decode_layers_v16{suffix}")(step.make_decode_layers("v16" + suffix))
+
+
+_register_v16(PORTABLE, "", V.matvec_q4_v16, V.matvec3_q4_v16, V.matvec_swiglu_q4_v16, V.matmul_q4_v16)
+_register_v16("avx512_vnni", "_vnni", V.matvec_q4_v16_vnni, V.matvec3_q4_v16_vnni, V.matvec_swiglu_q4_v16_vnni,
+              V.matmul_q4_v16_vnni)

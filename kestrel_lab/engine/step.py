@@ -11,6 +11,7 @@ import numpy as np
 from numba import njit
 
 from kestrel_lab.engine import kernels as K
+from kestrel_lab.engine import kernels_v16 as V
 from kestrel_lab.engine.attention import attend
 from kestrel_lab.engine.rope import apply_rope
 
@@ -27,57 +28,98 @@ def _q8c_into(x, xq_buf, xd_buf, xc_buf):
     return xq, xc, xd
 
 
-@njit(cache=True)
-def decode_layers_r32(h, eps, attn_norm, ffn_norm, q_norm, k_norm, planes, kc_all, vc_all, pos, cos, sin, H, nt):
-    """Every layer of one decode step in a single numba call, all seven matrices row-interleaved Q4_0.
+KINDS = {"r32": K.QR, "v16": V.QV, "v16_vnni": V.QV}   # the step's variants → rows per group
 
-    Exactly the per-layer code of ``Qwen3Engine._forward`` (same kernels, same order of float
-    operations, so the logits are bit-identical), without its ~20 Python-level calls per layer:
-    at 30+ tok/s one step lasts ~25 ms and the interpreter's dispatch, allocations and argument
-    checks would otherwise cost several of them. The parallel kernels it calls still run on all
-    numba threads. ``h`` (1, hidden) is updated in place; ``planes`` is the tuple (nibbles, scales)
-    × (q, k, v, o, gate, up, down), each the whole stack of layers; ``kc_all``/``vc_all`` the KV
-    cache (layers, kv_heads, max_context, head_dim), written at ``pos``; ``nt`` the thread count (each
-    matvec is cut into ``4·nt`` chunks, as ``kernels.n_chunks`` does). Taught in day11_2.
-    """
-    qn, qs, kn, ks, vn, vs, on, os_, gn, gs, un, us, dn, ds = planes
-    L, hid = attn_norm.shape
-    KVH, D = kc_all.shape[1], kc_all.shape[3]
-    inter = gn.shape[0] * K.QR // L
-    gq, gk, go, gg, gd = qn.shape[0] // L, kn.shape[0] // L, on.shape[0] // L, gn.shape[0] // L, dn.shape[0] // L
-    x = np.empty((1, hid), np.float32)
-    q = np.empty((1, H, D), np.float32)
-    k = np.empty((1, KVH, D), np.float32)
-    v = np.empty((1, KVH, D), np.float32)
-    o = np.empty((1, H, D), np.float32)
-    g = np.empty((1, inter), np.float32)
-    y = np.empty(hid, np.float32)
-    n = max(hid, H * D, inter)
-    xq_buf, xd_buf, xc_buf = np.empty(n, np.int8), np.empty(n // K.QK, np.float32), np.empty(n // K.QK, np.int16)
-    for l in range(L):
-        # attention block: norm → Q, K, V → q/k norm → RoPE → cache → attention → Wo, residual
-        K.rmsnorm(h, attn_norm[l], eps, x)
-        xq, xc, xd = _q8c_into(x, xq_buf, xd_buf, xc_buf)
-        K.matvec3_q4_r32(qn[l * gq:(l + 1) * gq], qs[l * gq:(l + 1) * gq], kn[l * gk:(l + 1) * gk],
-                         ks[l * gk:(l + 1) * gk], vn[l * gk:(l + 1) * gk], vs[l * gk:(l + 1) * gk],
-                         xq, xc, xd, q.reshape(-1), k.reshape(-1), v.reshape(-1), min(gq + 2 * gk, 4 * nt))
-        K.rmsnorm_heads(q, q_norm[l], eps)
-        K.rmsnorm_heads(k, k_norm[l], eps)
-        apply_rope(q, cos, sin)
-        apply_rope(k, cos, sin)
-        kc_all[l, :, pos, :] = k[0]
-        vc_all[l, :, pos, :] = v[0]
-        attend(q, kc_all[l], vc_all[l], pos, o)
-        xq, xc, xd = _q8c_into(o.reshape(1, H * D), xq_buf, xd_buf, xc_buf)
-        K.matvec_q4_r32(on[l * go:(l + 1) * go], os_[l * go:(l + 1) * go], xq, xc, xd, y, min(go, 4 * nt))
-        for i in range(hid):
-            h[0, i] += y[i]
-        # feed-forward block: norm → silu(Wgate x)·(Wup x) → Wdown, residual
-        K.rmsnorm(h, ffn_norm[l], eps, x)
-        xq, xc, xd = _q8c_into(x, xq_buf, xd_buf, xc_buf)
-        K.matvec_swiglu_q4_r32(gn[l * gg:(l + 1) * gg], gs[l * gg:(l + 1) * gg], un[l * gg:(l + 1) * gg],
-                               us[l * gg:(l + 1) * gg], xq, xc, xd, g.reshape(-1), min(gg, 4 * nt))
-        xq, xc, xd = _q8c_into(g, xq_buf, xd_buf, xc_buf)
-        K.matvec_q4_r32(dn[l * gd:(l + 1) * gd], ds[l * gd:(l + 1) * gd], xq, xc, xd, y, min(gd, 4 * nt))
-        for i in range(hid):
-            h[0, i] += y[i]
+
+def make_decode_layers(kind: str):
+    """The whole-step kernel on one row-group layout's kernels: ``kind`` "r32" (``Q4_0_R32``), "v16"
+    or "v16_vnni" (``Q4_0_V16``, portable or ``vpdpbusd``). numba freezes the closure's ``kind`` and
+    prunes the calls of the other variants before typing (a closure over the kernels themselves
+    would change numba's on-disk cache key in every process). Taught in day11_2."""
+    G = KINDS[kind]
+
+    @njit(cache=True)
+    def decode_layers(h, eps, attn_norm, ffn_norm, q_norm, k_norm, planes, kc_all, vc_all, pos, cos, sin, H, nt):
+        """Every layer of one decode step in a single numba call, all seven matrices row-interleaved Q4_0.
+
+        Exactly the per-layer code of ``Qwen3Engine._forward`` (same kernels, same order of float
+        operations, so the logits are bit-identical), without its ~20 Python-level calls per layer:
+        at 30+ tok/s one step lasts ~25 ms and the interpreter's dispatch, allocations and argument
+        checks would otherwise cost several of them. The parallel kernels it calls still run on all
+        numba threads. ``h`` (1, hidden) is updated in place; ``planes`` is the tuple (nibbles, scales)
+        × (q, k, v, o, gate, up, down), each the whole stack of layers; ``kc_all``/``vc_all`` the KV
+        cache (layers, kv_heads, max_context, head_dim), written at ``pos``; ``nt`` the thread count (each
+        matvec is cut into ``4·nt`` chunks, as ``kernels.n_chunks`` does).
+        """
+        qn, qs, kn, ks, vn, vs, on, os_, gn, gs, un, us, dn, ds = planes
+        L, hid = attn_norm.shape
+        KVH, D = kc_all.shape[1], kc_all.shape[3]
+        inter = gn.shape[0] * G // L
+        gq, gk, go, gg, gd = qn.shape[0] // L, kn.shape[0] // L, on.shape[0] // L, gn.shape[0] // L, dn.shape[0] // L
+        x = np.empty((1, hid), np.float32)
+        q = np.empty((1, H, D), np.float32)
+        k = np.empty((1, KVH, D), np.float32)
+        v = np.empty((1, KVH, D), np.float32)
+        o = np.empty((1, H, D), np.float32)
+        g = np.empty((1, inter), np.float32)
+        y = np.empty(hid, np.float32)
+        n = max(hid, H * D, inter)
+        xq_buf, xd_buf, xc_buf = np.empty(n, np.int8), np.empty(n // K.QK, np.float32), np.empty(n // K.QK, np.int16)
+        for l in range(L):
+            # attention block: norm → Q, K, V → q/k norm → RoPE → cache → attention → Wo, residual
+            K.rmsnorm(h, attn_norm[l], eps, x)
+            xq, xc, xd = _q8c_into(x, xq_buf, xd_buf, xc_buf)
+            qkv = (qn[l * gq:(l + 1) * gq], qs[l * gq:(l + 1) * gq], kn[l * gk:(l + 1) * gk],
+                   ks[l * gk:(l + 1) * gk], vn[l * gk:(l + 1) * gk], vs[l * gk:(l + 1) * gk])
+            if kind == "r32":
+                K.matvec3_q4_r32(*qkv, xq, xc, xd, q.reshape(-1), k.reshape(-1), v.reshape(-1), min(gq + 2 * gk, 4 * nt))
+            elif kind == "v16":
+                V.matvec3_q4_v16(*qkv, xq, xc, xd, q.reshape(-1), k.reshape(-1), v.reshape(-1), min(gq + 2 * gk, 4 * nt))
+            else:
+                V.matvec3_q4_v16_vnni(*qkv, xq, xc, xd, q.reshape(-1), k.reshape(-1), v.reshape(-1),
+                                      min(gq + 2 * gk, 4 * nt))
+            K.rmsnorm_heads(q, q_norm[l], eps)
+            K.rmsnorm_heads(k, k_norm[l], eps)
+            apply_rope(q, cos, sin)
+            apply_rope(k, cos, sin)
+            kc_all[l, :, pos, :] = k[0]
+            vc_all[l, :, pos, :] = v[0]
+            attend(q, kc_all[l], vc_all[l], pos, o)
+            xq, xc, xd = _q8c_into(o.reshape(1, H * D), xq_buf, xd_buf, xc_buf)
+            wo = (on[l * go:(l + 1) * go], os_[l * go:(l + 1) * go])
+            if kind == "r32":
+                K.matvec_q4_r32(*wo, xq, xc, xd, y, min(go, 4 * nt))
+            elif kind == "v16":
+                V.matvec_q4_v16(*wo, xq, xc, xd, y, min(go, 4 * nt))
+            else:
+                V.matvec_q4_v16_vnni(*wo, xq, xc, xd, y, min(go, 4 * nt))
+            for i in range(hid):
+                h[0, i] += y[i]
+            # feed-forward block: norm → silu(Wgate x)·(Wup x) → Wdown, residual
+            K.rmsnorm(h, ffn_norm[l], eps, x)
+            xq, xc, xd = _q8c_into(x, xq_buf, xd_buf, xc_buf)
+            gu = (gn[l * gg:(l + 1) * gg], gs[l * gg:(l + 1) * gg], un[l * gg:(l + 1) * gg], us[l * gg:(l + 1) * gg])
+            if kind == "r32":
+                K.matvec_swiglu_q4_r32(*gu, xq, xc, xd, g.reshape(-1), min(gg, 4 * nt))
+            elif kind == "v16":
+                V.matvec_swiglu_q4_v16(*gu, xq, xc, xd, g.reshape(-1), min(gg, 4 * nt))
+            else:
+                V.matvec_swiglu_q4_v16_vnni(*gu, xq, xc, xd, g.reshape(-1), min(gg, 4 * nt))
+            xq, xc, xd = _q8c_into(g, xq_buf, xd_buf, xc_buf)
+            wd = (dn[l * gd:(l + 1) * gd], ds[l * gd:(l + 1) * gd])
+            if kind == "r32":
+                K.matvec_q4_r32(*wd, xq, xc, xd, y, min(gd, 4 * nt))
+            elif kind == "v16":
+                V.matvec_q4_v16(*wd, xq, xc, xd, y, min(gd, 4 * nt))
+            else:
+                V.matvec_q4_v16_vnni(*wd, xq, xc, xd, y, min(gd, 4 * nt))
+            for i in range(hid):
+                h[0, i] += y[i]
+
+    return decode_layers
+
+
+decode_layers_r32 = make_decode_layers("r32")
+decode_layers_r32.__doc__ = """Every layer of one decode step on ``Q4_0_R32`` weights (``make_decode_layers``).
+
+Taught in day11_2."""

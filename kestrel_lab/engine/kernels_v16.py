@@ -1,0 +1,312 @@
+"""Q4_0 × Q8_0 with ``vpdpbusd`` (AVX-512 VNNI): the 16-row layout and its kernels.
+
+``kernels.matvec_q4_r32`` makes rows its SIMD lanes but still multiplies in int16: per 32 weights of
+32 rows it spends a load, an AND, a shift, two ``vpmullw`` and two ``vpaddw`` per column. VNNI's
+``vpdpbusd`` multiplies 64 unsigned bytes by 64 signed bytes and adds each group of four products
+into one of 16 int32 lanes — one instruction for what took four. LLVM never forms it from a plain
+loop (checked on LLVM 22), so it is called here through an llvmlite intrinsic
+(``numba.extending.intrinsic``), the way llama.cpp calls ``_mm512_dpbusd_epi32``.
+
+**Layout ``Q4_0_V16``** (made at load from plain Q4_0 by ``repack_q4_0_to_v16``, same 18 bytes per 32
+weights, another order): rows in groups of 16 (one int32 lane each); for group ``g`` and block ``b``,
+256 nibble bytes as 4 chunks of 64: chunk ``k`` holds bytes ``4k … 4k+3`` of the block of each of the
+16 rows (row ``r`` at ``64k + 4r``). Byte ``j`` of a Q4_0 block holds weight ``j`` in its low nibble and
+weight ``j + 16`` in its high nibble, so one 64-byte load, an AND and a shift give the unsigned
+weights ``4k … 4k+3`` and ``16+4k … 16+4k+3`` of 16 rows, and each meets its four int8 activations,
+broadcast to every lane as one int32 word. Eight ``vpdpbusd`` per block and group; the ``−8·Σx``
+correction of ``kernels.act_block_sums`` is the accumulator's start value (nibbles stay unsigned,
+as ``vpdpbusd`` wants its first operand). The 16 rows' fp16 scales sit in a separate plane, as in
+``Q4_0_R32``. Then one conversion, one multiply by ``d_w·d_x`` and one add per row and block — all
+in registers (``block16_fma``): a lane never leaves its register between the integer sum and the
+float accumulator.
+
+Every kernel has a **portable** twin on the same layout (plain loops, any CPU) that computes the same
+exact integer sums; the registry picks the VNNI one where the host reports ``avx512_vnni``. The
+intrinsic names an x86 instruction: on another ISA it is never compiled, because the registry never
+selects it there (numba compiles on first call). Taught in day06_3 (planned).
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from kestrel_lab.engine import kernels as K
+
+QV = 16                     # rows per group: one int32 lane of a 512-bit register each
+BLOCK_BYTES = 16 * QV       # nibble bytes of one block of a group (4 chunks of 64)
+_I8, _I32, _F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
+_V64I8, _V16I32, _V16F = ir.VectorType(_I8, 64), ir.VectorType(_I32, 16), ir.VectorType(_F32, 16)
+_LANES0 = ir.Constant(ir.VectorType(_I32, 16), [0] * 16)
+
+
+# ------------------------------------------------------------------------------ the layout
+@njit(parallel=True, cache=True)
+def repack_q4_0_to_v16(src, nib, sc, nchunk):
+    """Plain Q4_0 (rows, K/32·18) → ``Q4_0_V16``: ``nib`` (rows/16, K/32·256) uint8 and ``sc``
+    (rows/16, K/32·16) uint16, the rows' fp16 scale bits per block (see the module docstring).
+
+    ``rows`` must be a multiple of 16. Taught in day06_3 (planned)."""
+    rows, rb = src.shape
+    nb = rb // K.Q4_BYTES
+    ng = rows // QV
+    step = (ng + nchunk - 1) // nchunk
+    for c in prange(nchunk):
+        for g in range(c * step, min(ng, c * step + step)):
+            for r in range(QV):
+                row = src[g * QV + r]
+                for b in range(nb):
+                    s = b * K.Q4_BYTES
+                    sc[g, b * QV + r] = np.uint16(row[s]) | (np.uint16(row[s + 1]) << 8)
+                    for k in range(4):
+                        for i in range(4):
+                            nib[g, b * BLOCK_BYTES + 64 * k + 4 * r + i] = row[s + 2 + 4 * k + i]
+
+
+# ------------------------------------------------------------------------------ the VNNI block
+def _block_sums_ir(context, builder, wptr, wo, xptr, xo, c):
+    """IR for the 16 int32 sums ``c + Σ_j q_rj·x_j`` of one block: 4 loads, 8 ``vpdpbusd``."""
+    dpbusd = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(_V16I32, [_V16I32, _V16I32, _V16I32]), "llvm.x86.avx512.vpdpbusd.512")
+
+    def splat(v, vt):
+        t = builder.insert_element(ir.Constant(vt, ir.Undefined), v, ir.Constant(_I32, 0))
+        return builder.shuffle_vector(t, ir.Constant(vt, ir.Undefined), _LANES0)
+
+    acc = splat(c, _V16I32)
+    low = ir.Constant(_V64I8, [0x0F] * 64)
+    four = ir.Constant(_V64I8, [4] * 64)
+    for k in range(4):
+        p = builder.gep(wptr, [builder.add(wo, ir.Constant(wo.type, 64 * k))])
+        w = builder.load(builder.bitcast(p, _V64I8.as_pointer()), align=1)
+        for word, q in ((k, builder.and_(w, low)), (k + 4, builder.lshr(w, four))):
+            xw = builder.load(builder.gep(xptr, [builder.add(xo, ir.Constant(xo.type, word))]), align=4)
+            acc = builder.call(dpbusd, [acc, builder.bitcast(q, _V16I32), splat(xw, _V16I32)])
+    return acc, splat
+
+
+def _is(t, dtype) -> bool:
+    return isinstance(t, types.Array) and t.dtype == dtype and t.layout == "C" and t.ndim == 1
+
+
+@intrinsic
+def block16_sums(typingctx, w, wo, x, xo, c, out):
+    """``out[0:16] = c + Σ_j q_rj·x_j`` for the 16 rows of one ``Q4_0_V16`` block (``w[wo:wo+256]``),
+    ``x`` the activation's int8 values viewed as int32 words (the block's 8 words at ``xo``): the
+    exact integer sums, which tests compare with the portable kernel's."""
+    if not (_is(w, types.uint8) and _is(x, types.int32) and _is(out, types.int32)
+            and isinstance(wo, types.Integer) and isinstance(xo, types.Integer) and c == types.int32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        wa, wo_, xa, xo_, c_, oa = args
+        wt, _, xt, _, _, ot = sig.args
+        wptr = context.make_array(wt)(context, builder, wa).data
+        xptr = context.make_array(xt)(context, builder, xa).data
+        optr = context.make_array(ot)(context, builder, oa).data
+        acc, _ = _block_sums_ir(context, builder, wptr, wo_, xptr, xo_, c_)
+        builder.store(acc, builder.bitcast(optr, _V16I32.as_pointer()), align=4)
+        return context.get_dummy_value()
+    return types.void(w, wo, x, xo, c, out), codegen
+
+
+@intrinsic
+def block16_fma(typingctx, w, wo, x, xo, c, s, so, dx, F):
+    """``F[0:16] += float(c + Σ_j q_rj·x_j) · (s[so:so+16] · dx)`` for one block of 16 rows, kept in
+    registers from the integer sum to the float accumulator (``s``: the rows' scales as float32
+    divided by 2^112, ``dx`` the activation scale × 2^112, as in ``kernels._r32_block``)."""
+    if not (_is(w, types.uint8) and _is(x, types.int32) and _is(s, types.float32) and _is(F, types.float32)
+            and isinstance(wo, types.Integer) and isinstance(xo, types.Integer)
+            and isinstance(so, types.Integer) and c == types.int32 and dx == types.float32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        wa, wo_, xa, xo_, c_, sa, so_, dx_, Fa = args
+        wt, _, xt, _, _, st, _, _, Ft = sig.args
+        wptr = context.make_array(wt)(context, builder, wa).data
+        xptr = context.make_array(xt)(context, builder, xa).data
+        sptr = context.make_array(st)(context, builder, sa).data
+        fptr = builder.bitcast(context.make_array(Ft)(context, builder, Fa).data, _V16F.as_pointer())
+        acc, splat = _block_sums_ir(context, builder, wptr, wo_, xptr, xo_, c_)
+        scale = builder.load(builder.bitcast(builder.gep(sptr, [so_]), _V16F.as_pointer()), align=4)
+        prod = builder.fmul(builder.sitofp(acc, _V16F), builder.fmul(scale, splat(dx_, _V16F)))
+        builder.store(builder.fadd(builder.load(fptr, align=4), prod), fptr, align=4)
+        return context.get_dummy_value()
+    return types.void(w, wo, x, xo, c, s, so, dx, F), codegen
+
+
+@njit(cache=True)
+def block16_sums_vnni(w, wo, x, xo, c, out):
+    """``block16_sums`` callable from Python (an intrinsic is usable only inside compiled code)."""
+    block16_sums(w, wo, x, xo, c, out)
+
+
+# ------------------------------------------------------------------------------ the portable block
+@njit(cache=True, inline="always")
+def _byte(word, i):
+    """Signed byte ``i`` (little-endian) of an int32 word (shifted to the top, truncated to int32,
+    shifted back with sign extension)."""
+    return np.int32(np.int64(word) << (24 - 8 * i)) >> 24
+
+
+@njit(cache=True)
+def block16_sums_portable(w, wo, xw, xo, c, out):
+    """``block16_sums`` in plain loops (any CPU): the same exact int32 sums."""
+    for r in range(QV):
+        acc = np.int32(c)
+        for k in range(4):
+            lo, hi = xw[xo + k], xw[xo + 4 + k]
+            for i in range(4):
+                v = np.int32(w[wo + 64 * k + 4 * r + i])
+                acc += (v & 15) * _byte(lo, i) + (v >> 4) * _byte(hi, i)
+        out[r] = acc
+
+
+@njit(fastmath=True, cache=True, inline="always")
+def block16_fma_portable(w, wo, xw, xo, c, s, so, dx, F):
+    """``block16_fma`` in plain loops (any CPU)."""
+    for r in range(QV):
+        acc = np.int32(c)
+        for k in range(4):
+            lo, hi = xw[xo + k], xw[xo + 4 + k]
+            for i in range(4):
+                v = np.int32(w[wo + 64 * k + 4 * r + i])
+                acc += (v & 15) * _byte(lo, i) + (v >> 4) * _byte(hi, i)
+        F[r] += np.float32(acc) * (s[so + r] * dx)
+
+
+@njit(cache=True, inline="always")
+def _scales(sc, Si):
+    """fp16 scale bits → float32 bits / 2^112 (``kernels._r32_scales``'s trick), a contiguous loop."""
+    for i in range(sc.shape[0]):
+        h = np.int32(sc[i])
+        Si[i] = ((h & 0x8000) << 16) | ((h & 0x7FFF) << 13)
+
+
+# ------------------------------------------------------------------------------ the kernels
+@njit(fastmath=True, cache=True, inline="always")
+def _group_vnni(nib, sc, xw, xc, xd, F, Si):
+    """The 16 outputs of one group for one token into ``F`` (``vpdpbusd``)."""
+    Sf = Si.view(np.float32)
+    _scales(sc, Si)
+    F[:] = 0
+    for b in range(xd.shape[0]):
+        block16_fma(nib, b * BLOCK_BYTES, xw, b * 8, np.int32(xc[b]), Sf, b * QV, xd[b] * K.F16_SCALE, F)
+
+
+@njit(fastmath=True, cache=True, inline="always")
+def _group_portable(nib, sc, xw, xc, xd, F, Si):
+    """``_group_vnni`` in plain loops."""
+    Sf = Si.view(np.float32)
+    _scales(sc, Si)
+    F[:] = 0
+    for b in range(xd.shape[0]):
+        block16_fma_portable(nib, b * BLOCK_BYTES, xw, b * 8, np.int32(xc[b]), Sf, b * QV, xd[b] * K.F16_SCALE, F)
+
+
+def _make_kernels(vnni: bool):
+    """matvec / three matvecs / SwiGLU / matmul on ``Q4_0_V16``, with ``vpdpbusd`` when ``vnni``.
+
+    One body, two compiled variants: numba freezes the closure's ``vnni`` and prunes the branch not
+    taken before typing, so the portable variant never meets the x86 intrinsic (and compiles on any
+    CPU), and the closure holds only a bool, which keeps numba's on-disk cache key stable."""
+
+    @njit(parallel=True, fastmath=True, cache=True)
+    def matvec(nib, sc, xq, xc, xd, out, nchunk):
+        ng = nib.shape[0]
+        step = (ng + nchunk - 1) // nchunk
+        xw = xq[0].view(np.int32)
+        for c in prange(nchunk):
+            F = np.empty(QV, np.float32)
+            Si = np.empty(sc.shape[1], np.int32)
+            for g in range(c * step, min(ng, c * step + step)):
+                if vnni:
+                    _group_vnni(nib[g], sc[g], xw, xc[0], xd[0], F, Si)
+                else:
+                    _group_portable(nib[g], sc[g], xw, xc[0], xd[0], F, Si)
+                out[g * QV:(g + 1) * QV] = F
+
+    @njit(parallel=True, fastmath=True, cache=True)
+    def matvec3(na_, sa, nb_, sb, nc_, scc, xq, xc, xd, oa, ob, oc, nchunk):
+        ga, gb = na_.shape[0], nb_.shape[0]
+        ng = ga + gb + nc_.shape[0]
+        step = (ng + nchunk - 1) // nchunk
+        xw = xq[0].view(np.int32)
+        for c in prange(nchunk):
+            F = np.empty(QV, np.float32)
+            Si = np.empty(sa.shape[1], np.int32)
+            for g in range(c * step, min(ng, c * step + step)):
+                if g < ga:
+                    if vnni:
+                        _group_vnni(na_[g], sa[g], xw, xc[0], xd[0], F, Si)
+                    else:
+                        _group_portable(na_[g], sa[g], xw, xc[0], xd[0], F, Si)
+                    oa[g * QV:(g + 1) * QV] = F
+                elif g < ga + gb:
+                    h = g - ga
+                    if vnni:
+                        _group_vnni(nb_[h], sb[h], xw, xc[0], xd[0], F, Si)
+                    else:
+                        _group_portable(nb_[h], sb[h], xw, xc[0], xd[0], F, Si)
+                    ob[h * QV:(h + 1) * QV] = F
+                else:
+                    h = g - ga - gb
+                    if vnni:
+                        _group_vnni(nc_[h], scc[h], xw, xc[0], xd[0], F, Si)
+                    else:
+                        _group_portable(nc_[h], scc[h], xw, xc[0], xd[0], F, Si)
+                    oc[h * QV:(h + 1) * QV] = F
+
+    @njit(parallel=True, fastmath=True, cache=True)
+    def swiglu(ng_, sg, nu, su, xq, xc, xd, out, nchunk):
+        ng = ng_.shape[0]
+        step = (ng + nchunk - 1) // nchunk
+        xw = xq[0].view(np.int32)
+        for c in prange(nchunk):
+            Fg = np.empty(QV, np.float32)
+            Fu = np.empty(QV, np.float32)
+            Si = np.empty(sg.shape[1], np.int32)
+            for g in range(c * step, min(ng, c * step + step)):
+                if vnni:
+                    _group_vnni(ng_[g], sg[g], xw, xc[0], xd[0], Fg, Si)
+                    _group_vnni(nu[g], su[g], xw, xc[0], xd[0], Fu, Si)
+                else:
+                    _group_portable(ng_[g], sg[g], xw, xc[0], xd[0], Fg, Si)
+                    _group_portable(nu[g], su[g], xw, xc[0], xd[0], Fu, Si)
+                for r in range(QV):
+                    out[g * QV + r] = K.silu(Fg[r]) * Fu[r]
+
+    @njit(parallel=True, fastmath=True, cache=True)
+    def matmul(nib, sc, xq, xc, xd, out, nchunk):
+        T = xq.shape[0]
+        nb = xd.shape[1]
+        ng = nib.shape[0]
+        step = (ng + nchunk - 1) // nchunk
+        xw = xq.reshape(-1).view(np.int32)
+        wpt = xq.shape[1] // 4              # int32 words per token
+        for c in prange(nchunk):
+            F = np.empty((T, QV), np.float32)
+            Si = np.empty(sc.shape[1], np.int32)
+            Sf = Si.view(np.float32)
+            for g in range(c * step, min(ng, c * step + step)):
+                F[:] = 0
+                gn = nib[g]
+                _scales(sc[g], Si)
+                for b in range(nb):
+                    for t in range(T):     # the group's 256-byte block stays in L1 for every token
+                        if vnni:
+                            block16_fma(gn, b * BLOCK_BYTES, xw, t * wpt + b * 8, np.int32(xc[t, b]), Sf,
+                                        b * QV, xd[t, b] * K.F16_SCALE, F[t])
+                        else:
+                            block16_fma_portable(gn, b * BLOCK_BYTES, xw, t * wpt + b * 8, np.int32(xc[t, b]),
+                                                 Sf, b * QV, xd[t, b] * K.F16_SCALE, F[t])
+                for t in range(T):
+                    out[t, g * QV:(g + 1) * QV] = F[t]
+
+    return matvec, matvec3, swiglu, matmul
+
+
+matvec_q4_v16_vnni, matvec3_q4_v16_vnni, matvec_swiglu_q4_v16_vnni, matmul_q4_v16_vnni = _make_kernels(True)
+matvec_q4_v16, matvec3_q4_v16, matvec_swiglu_q4_v16, matmul_q4_v16 = _make_kernels(False)

@@ -1,0 +1,143 @@
+"""The 16-row Q4_0 layout and its kernels (kestrel_lab.engine.kernels_v16): the layout is what its
+docstring says, the VNNI kernels' integer sums equal the portable kernels' bit for bit, and both give
+the row-interleaved kernels' results exactly."""
+import numpy as np
+import pytest
+
+from kestrel_lab import quant as Q
+from kestrel_lab.engine import kernels as K
+from kestrel_lab.engine import kernels_v16 as V
+from kestrel_lab.engine import registry
+
+VNNI = "avx512_vnni" in registry.host_features()
+needs_vnni = pytest.mark.skipif(not VNNI, reason="the host has no AVX-512 VNNI (vpdpbusd): only the portable "
+                                                 "Q4_0_V16 kernels can run here")
+
+
+def _q4(rows, cols, seed=0):
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    return Q.quantize(w, Q.Q4_0).reshape(rows, -1)
+
+
+def _act(T, cols, seed=1):
+    x = np.random.default_rng(seed).standard_normal((T, cols)).astype(np.float32)
+    xq = np.empty((T, cols), np.int8)
+    xd = np.empty((T, cols // K.QK), np.float32)
+    K.quantize_act(x, xq, xd)
+    xc = np.empty(xd.shape, np.int16)
+    K.act_block_sums(xq, xc)
+    return xq, xc, xd
+
+
+def _v16(src):
+    rows, nb = src.shape[0], src.shape[1] // K.Q4_BYTES
+    nib = np.empty((rows // V.QV, nb * V.BLOCK_BYTES), np.uint8)
+    sc = np.empty((rows // V.QV, nb * V.QV), np.uint16)
+    V.repack_q4_0_to_v16(src, nib, sc, 3)
+    return nib, sc
+
+
+def _r32(src):
+    rows, nb = src.shape[0], src.shape[1] // K.Q4_BYTES
+    nib = np.empty((rows // K.QR, nb * 16 * K.QR), np.uint8)
+    sc = np.empty((rows // K.QR, nb * K.QR), np.uint16)
+    K.repack_q4_0_to_r32(src, nib, sc, 3)
+    return nib, sc
+
+
+def test_the_layout_is_the_documented_one():
+    src = _q4(48, 96)
+    nib, sc = _v16(src)
+    blocks = src.reshape(3, 16, 3, 18)                                 # (group, row, block, byte)
+    for g, r, b, k, i in [(0, 0, 0, 0, 0), (1, 5, 2, 3, 1), (2, 15, 1, 2, 3), (0, 9, 2, 1, 2)]:
+        assert nib[g, b * 256 + 64 * k + 4 * r + i] == blocks[g, r, b, 2 + 4 * k + i]
+    assert (sc.reshape(3, 3, 16).transpose(0, 2, 1) ==
+            blocks[..., :2].copy().view(np.uint16)[..., 0]).all()
+    assert nib.nbytes + sc.nbytes == src.nbytes                      # the same bytes, another order
+
+
+def _block_sums(fn, nib, xw, nb):
+    out = np.empty((nib.shape[0], nb, V.QV), np.int32)
+    c = np.int32(-1234)
+    for g in range(nib.shape[0]):
+        for b in range(nb):
+            fn(nib[g], b * V.BLOCK_BYTES, xw, b * 8, c, out[g, b])
+    return out
+
+
+def _by_definition(src, xq, c):
+    """c + Σ_j q_j·x_j per row and block, q the unsigned nibbles: from the plain Q4_0 bytes."""
+    rows, nb = src.shape[0], src.shape[1] // K.Q4_BYTES
+    q = src.reshape(rows, nb, 18)[..., 2:].astype(np.int64)
+    vals = np.concatenate([q & 15, q >> 4], axis=2)                   # weight j and j + 16 of each block
+    x = xq[0].reshape(nb, 32).astype(np.int64)
+    return (c + (vals * x).sum(axis=2)).reshape(rows // V.QV, V.QV, nb).transpose(0, 2, 1)
+
+
+def test_portable_block_sums_are_exact():
+    src = _q4(32, 128)
+    nib, _ = _v16(src)
+    xq, _, _ = _act(1, 128)
+    got = _block_sums(V.block16_sums_portable, nib, xq[0].view(np.int32), 4)
+    assert np.array_equal(got, _by_definition(src, xq, -1234))
+
+
+@needs_vnni
+def test_vnni_block_sums_equal_the_portable_ones_bit_for_bit():
+    src = _q4(64, 256, seed=3)
+    nib, _ = _v16(src)
+    xq, _, _ = _act(1, 256, seed=4)
+    xq[0, :8] = -128                                                  # the extremes of both operands
+    xw = xq[0].view(np.int32)
+    assert np.array_equal(_block_sums(V.block16_sums_vnni, nib, xw, 8), _block_sums(V.block16_sums_portable, nib, xw, 8))
+
+
+KERNELS = [("portable", V.matvec_q4_v16, V.matvec3_q4_v16, V.matvec_swiglu_q4_v16, V.matmul_q4_v16),
+           pytest.param("vnni", V.matvec_q4_v16_vnni, V.matvec3_q4_v16_vnni, V.matvec_swiglu_q4_v16_vnni,
+                        V.matmul_q4_v16_vnni, marks=needs_vnni)]
+
+
+@pytest.mark.parametrize("isa, matvec, matvec3, swiglu, matmul", KERNELS)
+def test_v16_kernels_equal_the_row_interleaved_ones(isa, matvec, matvec3, swiglu, matmul):
+    """Same integer sums and the same float operations in the same order: the same float32 bits."""
+    rows, cols = 96, 320
+    a, b, c = _q4(rows, cols, 5), _q4(32, cols, 6), _q4(64, cols, 7)
+    (na, sa), (nb_, sb), (nc, scc) = _v16(a), _v16(b), _v16(c)
+    (ra, qa), (rb, qb), (rc, qc) = _r32(a), _r32(b), _r32(c)
+    xq, xc, xd = _act(1, cols)
+    got, want = np.empty(rows, np.float32), np.empty(rows, np.float32)
+    matvec(na, sa, xq, xc, xd, got, 2)
+    K.matvec_q4_r32(ra, qa, xq, xc, xd, want, 2)
+    assert np.array_equal(got, want)
+    outs = [np.empty(n, np.float32) for n in (96, 32, 64)]
+    refs = [np.empty(n, np.float32) for n in (96, 32, 64)]
+    matvec3(na, sa, nb_, sb, nc, scc, xq, xc, xd, *outs, 3)
+    K.matvec3_q4_r32(ra, qa, rb, qb, rc, qc, xq, xc, xd, *refs, 3)
+    assert all(np.array_equal(o, r) for o, r in zip(outs, refs))
+    g = np.empty(32, np.float32)
+    gr = np.empty(32, np.float32)
+    swiglu(nb_, sb, nb_, sb, xq, xc, xd, g, 1)
+    K.matvec_swiglu_q4_r32(rb, qb, rb, qb, xq, xc, xd, gr, 1)
+    assert np.array_equal(g, gr)
+    xq5, xc5, xd5 = _act(5, cols, seed=9)
+    m, mr = np.empty((5, rows), np.float32), np.empty((5, rows), np.float32)
+    matmul(na, sa, xq5, xc5, xd5, m, 2)
+    K.matmul_q4_r32(ra, qa, xq5, xc5, xd5, mr, 2)
+    assert np.array_equal(m, mr)
+
+
+def test_the_engine_gives_the_same_logits_on_either_layout(monkeypatch):
+    from kestrel_lab.engine import Qwen3Engine
+    from kestrel_lab.models import vqf
+
+    path = vqf(model="qwen3-tiny-poem", quant="q4_0")
+    runs = {}
+    for forced in ("r32", "v16"):
+        monkeypatch.setenv("KESTREL_Q4_LAYOUT", forced)
+        eng = Qwen3Engine.from_vqf(path, max_context=64)
+        first = eng.prefill([151644, 872, 198, 100, 200, 300])
+        steps = [eng.decode(t) for t in (400, 500, 600)]
+        runs[forced] = (eng.q4_layout, np.stack([first, *steps]))
+    assert runs["r32"][0] == "Q4_0_R32" and runs["v16"][0] == "Q4_0_V16"
+    assert np.array_equal(runs["r32"][1], runs["v16"][1])
