@@ -95,6 +95,8 @@ def kernel_speeds(threads: int, rows: int = 98_304, cols: int = 1024, repeat: in
     so the figures are DRAM figures, comparable with the read bandwidth. Taught in day07_3.
     """
     from kestrel_lab.engine import kernels as K
+    from kestrel_lab.engine import kernels_v16 as V
+    from kestrel_lab.engine.registry import host_features
     from kestrel_lab.threads import numba_threads
 
     rng = np.random.default_rng(0)
@@ -114,7 +116,10 @@ def kernel_speeds(threads: int, rows: int = 98_304, cols: int = 1024, repeat: in
     nib = np.empty((rows // K.QR, nb * 16 * K.QR), np.uint8)
     sc = np.empty((rows // K.QR, nb * K.QR), np.uint16)
     K.repack_q4_0_to_r32(q4, nib, sc, K.n_chunks(rows // K.QR))
-    for a in (q4, q8, q48, nib, sc):
+    nib16 = np.empty((rows // V.QV, nb * V.BLOCK_BYTES), np.uint8)
+    sc16 = np.empty((rows // V.QV, nb * V.QV), np.uint16)
+    V.repack_q4_0_to_v16(q4, nib16, sc16, K.n_chunks(rows // V.QV))
+    for a in (q4, q8, q48, nib, sc, nib16, sc16):
         a.setflags(write=False)
     out = np.empty(rows, np.float32)
     lut = K.F16_TO_F32
@@ -129,6 +134,10 @@ def kernel_speeds(threads: int, rows: int = 98_304, cols: int = 1024, repeat: in
             "q4_0 r32 (32 rows interleaved)": (
                 nib.nbytes + sc.nbytes, lambda: K.matvec_q4_r32(nib, sc, xq, xc, xd, out, K.n_chunks(rows // K.QR))),
         }
+        if "avx512_vnni" in host_features():
+            cases["q4_0 v16 (16 rows, vpdpbusd)"] = (
+                nib16.nbytes + sc16.nbytes,
+                lambda: V.matvec_q4_v16_vnni(nib16, sc16, xq, xc, xd, out, K.n_chunks(rows // V.QV)))
         for name, (nbytes, fn) in cases.items():
             fn()
             best = min(_timed(fn) for _ in range(repeat))
@@ -330,7 +339,8 @@ def format_table(res: dict) -> str:
     e = res["engine"][ts[-1]]
     rp = (res.get("engine_repacked") or {}).get(ts[-1])
     lines.append(f"load {e['load_s']:.2f} s; weights {', '.join(e['weight_qtypes'])}"
-                 + (f" (split and row-interleaved at load: {e['repack_s']:.2f} s)" if e["repack_s"] else "")
+                 + (f" (split into {e['kernels'].get('q4_layout') or 'planes'} at load: {e['repack_s']:.2f} s)"
+                    if e["repack_s"] else "")
                  + (f"; the Q4_8X8L copy costs {rp['repack_s']:.2f} s at load" if rp else ""))
     tr = res.get("torch") or {}
     if "skipped" in tr:
@@ -374,7 +384,7 @@ def record(res: dict, runner: str) -> Path:
         rec.record(f"ceiling_tok_s_{t}t", res["ceiling_tok_s"][t], "tok/s", f"bandwidth-bound decode ceiling, {t} thread(s)")
         rec.record(f"pct_of_ceiling_{t}t", res["pct_of_ceiling"][t], "%", f"engine decode as % of the ceiling, {t} thread(s)")
         for k, v in res["kernels_gbs"][t].items():
-            key = k.split(" ")[0] + ("_naive" if "naive" in k else "_r32" if "r32" in k
+            key = k.split(" ")[0] + ("_naive" if "naive" in k else "_r32" if "r32" in k else "_v16" if "v16" in k
                                      else "_lanes" if "lanes" in k else "")
             rec.record(f"matvec_gbs_{key}_{t}t", v, "GB/s", f"matvec {k}, 98304×1024, {t} thread(s)")
     rec.record("weight_bytes_per_token", res["weight_bytes_per_token"], "B", "weight bytes one decode step reads")

@@ -363,6 +363,7 @@ class Qwen3Engine:
                                             **{c: (k.name if (k := _kernel(w.layout, c)) else None)
                                                for c in ("qkv", "swiglu")}})
         return {"matrices": by_layout, "decode_step": self._step.name if self._step else None,
+                "q4_layout": self.q4_layout if any(w.nib is not None for w in mats) else None,
                 "isa": sorted(f for f in registry.host_features() if f in ("avx2", "avx512f", "avx512_vnni",
                                                                             "avx_vnni", "dotprod", "i8mm"))}
 
