@@ -63,6 +63,13 @@ class ModelConfig:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = True
+    # Qwen3-MoE layers that keep a dense SwiGLU FFN (``intermediate_size``) instead of experts: a layer
+    # is MoE iff it is not in ``mlp_only_layers``, ``num_experts > 0`` and ``(i + 1) % decoder_sparse_step
+    # == 0`` (transformers' ``Qwen3MoeDecoderLayer``). A VQF file keeps no header bytes for them: its
+    # directory names the dense layers' FFN entries (``vqf.layout``), and the reader rebuilds the config
+    # with every dense layer listed in ``mlp_only_layers`` and ``decoder_sparse_step = 1``.
+    mlp_only_layers: list[int] = field(default_factory=list)
+    decoder_sparse_step: int = 1
     vision: VisionConfig | None = None
 
     # ------------------------------------------------------------------ derived sizes
@@ -74,14 +81,28 @@ class ModelConfig:
     def kv_dim(self) -> int:
         return self.num_key_value_heads * self.head_dim
 
+    def is_moe_layer(self, layer: int) -> bool:
+        """True if ``layer`` routes its FFN through experts (always False outside qwen3_moe)."""
+        return (self.arch == "qwen3_moe" and self.num_experts > 0 and layer not in self.mlp_only_layers
+                and (layer + 1) % max(1, self.decoder_sparse_step) == 0)
+
+    @property
+    def moe_layers(self) -> list[int]:
+        """Indices of the expert (sparse) layers, in order. Taught in day22_2."""
+        return [i for i in range(self.num_hidden_layers) if self.is_moe_layer(i)]
+
+    @property
+    def dense_layers(self) -> list[int]:
+        """Indices of the layers with a dense SwiGLU FFN (every layer of a dense model). Taught in day22_2."""
+        return [i for i in range(self.num_hidden_layers) if not self.is_moe_layer(i)]
+
     def param_counts(self) -> dict[str, int]:
         """Parameters by group (embedding, attention, FFN/experts, norms, lm head, vision)."""
         h, L = self.hidden_size, self.num_hidden_layers
         attn = L * (h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h)
-        if self.arch == "qwen3_moe":
-            ffn = L * (self.num_experts * 3 * h * self.moe_intermediate_size + self.num_experts * h)
-        else:
-            ffn = L * 3 * h * self.intermediate_size
+        n_moe = len(self.moe_layers)
+        ffn = (n_moe * (self.num_experts * 3 * h * self.moe_intermediate_size + self.num_experts * h)
+               + (L - n_moe) * 3 * h * self.intermediate_size)
         norms = L * (2 * h + 2 * self.head_dim) + h
         out = {"embedding": self.vocab_size * h, "attention": attn, "ffn": ffn, "norms": norms,
                "lm_head": 0 if self.tie_word_embeddings else self.vocab_size * h}
@@ -158,9 +179,26 @@ class ModelConfig:
             if model_type == "qwen3_moe" else 0,
             num_experts_per_tok=cfg.get("num_experts_per_tok", 0) if model_type == "qwen3_moe" else 0,
             moe_intermediate_size=cfg.get("moe_intermediate_size", 0) if model_type == "qwen3_moe" else 0,
-            norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+            # transformers' Qwen3MoeConfig defaults to False when the field is absent (30B-A3B sets true)
+            norm_topk_prob=bool(cfg.get("norm_topk_prob", model_type != "qwen3_moe")),
+            mlp_only_layers=_dense_layers(cfg, need(text, "num_hidden_layers", sect), where)
+            if model_type == "qwen3_moe" else [],
             vision=vision,
         )
+
+
+def _dense_layers(cfg: dict, n_layers: int, where: str) -> list[int]:
+    """Every dense layer of a Qwen3-MoE config, by transformers' rule, as one sorted list (so a config
+    read back from a VQF file, which records only that list, equals the one read from config.json)."""
+    only = cfg.get("mlp_only_layers") or []
+    if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in only):
+        raise ValueError(f"{where}: field 'mlp_only_layers' must be a list of layer indices, got {only!r}")
+    step = cfg.get("decoder_sparse_step", 1)
+    step = 1 if step is None else step
+    if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+        raise ValueError(f"{where}: field 'decoder_sparse_step' must be an integer >= 1, got {step!r}")
+    n_exp = cfg.get("num_experts") or cfg.get("num_local_experts") or 0
+    return [i for i in range(n_layers) if i in only or n_exp <= 0 or (i + 1) % step]
 
 
 def _first(x):

@@ -37,7 +37,7 @@ import numpy as np
 from kestrel_lab import quant as Q
 from kestrel_lab.config import ModelConfig
 from kestrel_lab.safetensors import Checkpoint, open_checkpoint, to_f32
-from kestrel_lab.vqf.layout import resolve_quant, source_rows
+from kestrel_lab.vqf.layout import plan, resolve_quant, source_rows, split_source
 
 CHUNK_VALUES = 1 << 20  # values per chunk: 4 MB as float32
 
@@ -159,7 +159,7 @@ def source_dtype(ck: Checkpoint) -> str:
 def check_sources(ck: Checkpoint, specs) -> dict[str, list[int]]:
     """Rows each source contributes to each entry; raises ``ConversionError`` naming the entry and the
     tensor if the checkpoint does not fit the plan. Taught in day15_2."""
-    missing = [(s.name, src) for s in specs for src in s.sources if src not in ck.tensors]
+    missing = [(s.name, src) for s in specs for src in s.sources if split_source(src)[0] not in ck.tensors]
     if missing:
         listed = ", ".join(f"{src} (for {name})" for name, src in missing[:4])
         raise ConversionError(f"{ck.folder}: {len(missing)} tensor(s) the plan needs are not in the checkpoint: "
@@ -167,7 +167,7 @@ def check_sources(ck: Checkpoint, specs) -> dict[str, list[int]]:
     shapes = {name: t.shape for name, t in ck.tensors.items()}
     rows = {}
     for s in specs:
-        for src in s.sources:
+        for src in {split_source(x)[0] for x in s.sources}:
             t = ck.tensors[src]
             if t.dtype not in ("F32", "F16", "BF16", "F64"):
                 raise ConversionError(f"{ck.file_of[src].path}: tensor {src!r} (file byte {t.file_offset}) has dtype "
@@ -175,7 +175,7 @@ def check_sources(ck: Checkpoint, specs) -> dict[str, list[int]]:
         try:
             rows[s.name] = source_rows(s, shapes)   # the build rule's arithmetic, stated once in layout
         except ValueError as e:
-            bad = next((src for src in s.sources if f"{src!r}" in str(e)), None)
+            bad = next((b for b in (split_source(x)[0] for x in s.sources) if f"{b!r}" in str(e)), None)
             where = ck.file_of[bad].path if bad else ck.folder
             raise ConversionError(f"{where}: {e}") from None
     return rows
@@ -185,12 +185,14 @@ def _chunks(ck: Checkpoint, spec, qt: Q.QType, chunk_values: int, stats: dict) -
     """The entry's bytes, piece by piece: each source, reshaped to (-1, cols), in chunks of rows."""
     cols = spec.cols
     step = max(8, (chunk_values // cols) // 8 * 8)
-    for src in spec.sources:
+    for piece in spec.sources:
+        src, lo, hi = split_source(piece)              # a fused expert tensor contributes a row slice
         t = ck.tensors[src]
         flat = ck.raw(src).reshape(-1, cols)           # zero-copy: a view of the mapped file
+        lo, hi = (0, flat.shape[0]) if lo is None else (lo, hi)
         item = t.nbytes // max(1, t.numel)
-        for r0 in range(0, flat.shape[0], step):
-            x = to_f32(flat[r0:r0 + step], t.dtype, where=f"{ck.file_of[src].path}: tensor {src!r}")
+        for r0 in range(lo, hi, step):
+            x = to_f32(flat[r0:min(hi, r0 + step)], t.dtype, where=f"{ck.file_of[src].path}: tensor {src!r}")
             with np.errstate(over="ignore"):   # F16 overflow is reported below, with its place
                 out = Q.quantize(x, qt)
             if qt is Q.F16 and not np.isfinite(out.view("<f2")).all() and np.isfinite(x).all():
@@ -200,9 +202,21 @@ def _chunks(ck: Checkpoint, spec, qt: Q.QType, chunk_values: int, stats: dict) -
             stats["bytes_read"] += x.size * item
             yield out
             del x
-            ck.release(src, r0 * cols * item, (r0 + step) * cols * item)
+            ck.release(src, r0 * cols * item, min(hi, r0 + step) * cols * item)
             stats["rss_peak"] = max(stats["rss_peak"], rss_bytes())
         del flat
+
+
+def expert_keys(ck: Checkpoint, cfg: ModelConfig) -> str:
+    """How a Qwen3-MoE checkpoint stores its experts: "per_expert" (``mlp.experts.{e}.gate_proj.weight``
+    …, what transformers' ``save_pretrained`` and the hub write) or "fused" (``mlp.experts.gate_up_proj``
+    (E, 2·m, h) and ``mlp.experts.down_proj`` (E, h, m), transformers 5's in-memory form). Both
+    convert to the same file. Taught in day22_2."""
+    if cfg.arch == "qwen3_moe" and cfg.moe_layers:
+        i = cfg.moe_layers[0]
+        if f"model.layers.{i}.mlp.experts.gate_up_proj" in ck.tensors:
+            return "fused"
+    return "per_expert"
 
 
 def _ignorable(name: str, cfg: ModelConfig) -> bool:
@@ -230,10 +244,11 @@ def convert(hf_dir: str | os.PathLike, out_path: str | os.PathLike, quant: str =
     qt = resolve_quant(quant)                     # the one reading of the quant name
     with open_checkpoint(hf_dir) as ck:
         cfg = ModelConfig.from_hf(ck.config_path)
-        fp = plan_file(cfg, qt)                   # the one plan: tensors, offsets, geometry
+        # the one plan: tensors, offsets, geometry (for MoE, from the experts' keys this checkpoint has)
+        fp = plan_file(cfg, qt, specs=plan(cfg, qt, experts=expert_keys(ck, cfg)))
         specs = fp.specs
         check_sources(ck, specs)
-        used = {src for s in specs for src in s.sources}
+        used = {split_source(src)[0] for s in specs for src in s.sources}
         unused = sorted(n for n in ck.tensors if n not in used)
         dropped = [n for n in unused if not _ignorable(n, cfg)]
         if dropped:

@@ -28,11 +28,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     conv.add_argument("--json", action="store_true", help="print the report as JSON")
     conv.set_defaults(func=_convert)
 
-    tiny = sub.add_parser("tiny-model", help="write a deterministic random HF checkpoint (Qwen3 or Qwen3-VL)",
+    tiny = sub.add_parser("tiny-model", help="write a deterministic random HF checkpoint (Qwen3, Qwen3-MoE or Qwen3-VL)",
                           description="Real architecture and config.json, small shapes by default, random "
                                       "weights from --seed: the same arguments give the same bytes.")
     tiny.add_argument("out_dir", help="folder to write config.json and the safetensors into")
-    tiny.add_argument("--arch", default="qwen3", choices=("qwen3", "qwen3_vl"))
+    tiny.add_argument("--arch", default="qwen3", choices=("qwen3", "qwen3_moe", "qwen3_vl"))
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--config", help="config.json fields to override: a JSON object or a JSON file "
                                        "(nested objects such as text_config merge key by key)")

@@ -24,8 +24,8 @@ file (the VQF writer, planner, layout, format, the quantizers, the random genera
 converter). A file whose stored key equals the key asked for is reused; any other is rebuilt. A
 version number would not do: ``__version__`` is a constant, and a changed quantizer must invalidate.
 
-Architectures: ``ARCHS`` (dense ``qwen3``, ``qwen3_vl``, ``qwen3_moe``); the MoE and VL random models
-need a ``config`` until ``tiny_model`` has a default for them. Taught in day13_1, day16_1 and day23_1.
+Architectures: ``ARCHS`` (dense ``qwen3``, ``qwen3_vl``, ``qwen3_moe``), each with a tiny default in
+``tiny_model`` (``arch="qwen3_moe"``: 8 experts, top-2, an untied head) or any config of its family. Taught in day13_1, day16_1 and day23_1.
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ from kestrel_lab.quant import QType
 from kestrel_lab.vqf.layout import resolve_quant
 
 __all__ = ["ARCHS", "TRAINED", "SCHEMA", "sources_hash", "vqf", "hf_checkpoint", "default_bench_vqf",
-           "evict", "cache_key_path"]
+           "evict", "cache_key_path", "resident_bytes", "default_moe_vqf", "QUICK_MOE"]
 
 SCHEMA = "kestrel-lab/models/1"
 ARCHS = ("qwen3", "qwen3_vl", "qwen3_moe")
@@ -55,6 +55,14 @@ BENCH_CONFIG = "qwen3-0.6b.config.json"
 #: ``default_bench_vqf(quick=True)``: Qwen3-0.6B cut to hidden 512 and 8 layers (the real vocabulary).
 QUICK_BENCH = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
                    num_key_value_heads=4, head_dim=64)
+
+MOE_CONFIG = "qwen3-30b-a3b.config.json"
+#: ``default_moe_vqf(quick=True)``: Qwen3-30B-A3B with every width (hidden, heads' width, expert width,
+#: vocabulary) divided by 8 and 8 of its 48 layers; the 128 experts and top-8 routing kept, so the
+#: sparsity (8 of 128 experts per token) is the real model's.
+QUICK_MOE = dict(hidden_size=256, num_attention_heads=8, num_key_value_heads=1, head_dim=64,
+                 moe_intermediate_size=96, intermediate_size=768, vocab_size=18992, num_hidden_layers=8)
+QUICK_MOE_FACTOR = 8
 
 _PKG = Path(__file__).resolve().parent
 #: The package sources each kind of file depends on (relative to the package folder).
@@ -233,6 +241,17 @@ def default_bench_vqf(quick: bool = False) -> Path:
     return vqf(config=cfg, overrides=QUICK_BENCH, quant="q4_0", name="qwen3-h512-l8")
 
 
+def default_moe_vqf(quick: bool = True, layers: int | None = None) -> Path:
+    """The MoE lessons' model: random weights with Qwen3-30B-A3B's shapes (``data/configs``), Q4_0;
+    ``quick``: its widths ÷ 8 and 8 layers (``QUICK_MOE``), all 128 experts and top-8 kept; otherwise
+    the real shapes, cut to ``layers`` layers when given (the whole file is ~17.7 GB).
+    Taught in day22_2 and day22_3."""
+    cfg = paths.configs_dir() / MOE_CONFIG
+    if quick:
+        return vqf(config=cfg, overrides=QUICK_MOE, quant="q4_0", name="qwen3-30b-a3b-w8-l8")
+    return vqf(config=cfg, layers=layers, quant="q4_0")
+
+
 # ----------------------------------------------------------------------------- HF checkpoints
 def hf_checkpoint(model: str | os.PathLike = "random", *, arch: str | None = None, config=None,
                   overrides: dict | None = None, layers: int | None = None, seed: int = 0,
@@ -319,3 +338,42 @@ def evict(path: str | os.PathLike) -> bool:
     finally:
         os.close(fd)
     return True
+
+
+def resident_bytes(path: str | os.PathLike) -> int | None:
+    """Bytes of this file now in the page cache (``mincore`` on a fresh read-only mapping, which faults
+    nothing in); None where ``mincore`` is not available. With ``evict`` before and this after, the
+    difference is what a run paged in from the disk. Taught in day22_3."""
+    import ctypes
+    import ctypes.util
+    import mmap as _mmap
+
+    size = os.path.getsize(path)
+    if size == 0:
+        return 0
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    except (OSError, AttributeError):
+        return None
+    page = _mmap.PAGESIZE
+    n = (size + page - 1) // page
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, _mmap.PROT_READ, _mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            return None
+        try:
+            vec = (ctypes.c_ubyte * n)()
+            if libc.mincore(ctypes.c_void_p(addr), size, vec) != 0:
+                return None
+            import numpy as np
+
+            return int((np.frombuffer(vec, np.uint8) & 1).sum()) * page
+        finally:
+            libc.munmap(ctypes.c_void_p(addr), size)
+    finally:
+        os.close(fd)

@@ -1,4 +1,4 @@
-"""Deterministic random Hugging Face checkpoints with the real Qwen3 / Qwen3-VL architectures.
+"""Deterministic random Hugging Face checkpoints with the real Qwen3 / Qwen3-MoE / Qwen3-VL architectures.
 
 Lessons and tests need checkpoints that look exactly like the real ones — same tensor names, same
 layouts ([out, in] linear weights, a Conv3d patch embedding, stacked q/k/v in the vision tower), same
@@ -13,6 +13,10 @@ Default shapes (small but real; everything the engine's kernels need stays a mul
   2 layers, 4 query heads and 2 KV heads of dim 32 (so q_dim 128 ≠ hidden, as in Qwen3-0.6B, which
   catches transposition mistakes), SwiGLU 192, tied embeddings (as 0.6B and the VL-2B), RoPE θ 1e6.
   About 9.8 M parameters, 19.6 MB in bf16 — the embedding is almost all of it.
+- ``qwen3_moe``: the same attention, untied LM head, 8 experts of width 32, top-2 with
+  ``norm_topk_prob`` (as Qwen3-30B-A3B), every layer sparse unless ``mlp_only_layers`` /
+  ``decoder_sparse_step`` say otherwise; experts saved per expert (``mlp.experts.{e}.gate_proj.weight``
+  …) and the router as ``mlp.gate.weight``, as ``save_pretrained`` writes them.
 - ``qwen3_vl``: the same text model (θ 5e6, interleaved MRoPE sections [6, 5, 5] = head_dim/2) and a
   vision tower with the real patch geometry (3 channels × 2 frames × 16 × 16 = 1,536 inputs per patch),
   hidden 64, 2 blocks, 2 heads, MLP 128, 2×2 merge, an 8×8 position grid (64 embeddings), DeepStack
@@ -39,7 +43,7 @@ from kestrel_lab.atomic import write_json
 from kestrel_lab.quant import f32_to_bf16
 from kestrel_lab.safetensors import INDEX_NAME, SINGLE_NAME, save_safetensors
 
-ARCHS = ("qwen3", "qwen3_vl")
+ARCHS = ("qwen3", "qwen3_vl", "qwen3_moe")
 DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 
 _TEXT = {
@@ -68,6 +72,25 @@ def default_config(arch: str = "qwen3", dtype: str = "bfloat16") -> dict:
         raise ValueError(f"unknown arch {arch!r}; choose one of {ARCHS}")
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
+    if arch == "qwen3_moe":
+        return {
+            "architectures": ["Qwen3MoeForCausalLM"],
+            "model_type": "qwen3_moe",
+            "dtype": dtype,
+            **_TEXT,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+            "moe_intermediate_size": 32,
+            "norm_topk_prob": True,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "output_router_logits": False,
+            "router_aux_loss_coef": 0.001,
+            "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+            "sliding_window": None,
+            "use_sliding_window": False,
+            "tie_word_embeddings": False,
+        }
     if arch == "qwen3":
         return {
             "architectures": ["Qwen3ForCausalLM"],
@@ -188,10 +211,17 @@ def hf_tensor_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
             f"{p}.self_attn.o_proj.weight": (h, nh * hd),
             f"{p}.self_attn.q_norm.weight": (hd,),
             f"{p}.self_attn.k_norm.weight": (hd,),
-            f"{p}.mlp.gate_proj.weight": (ff, h),
-            f"{p}.mlp.up_proj.weight": (ff, h),
-            f"{p}.mlp.down_proj.weight": (h, ff),
         })
+        if _is_moe_layer(text, i):
+            E, m = _n_experts(text), text["moe_intermediate_size"]
+            out[f"{p}.mlp.gate.weight"] = (E, h)
+            for e in range(E):
+                out.update({f"{p}.mlp.experts.{e}.gate_proj.weight": (m, h),
+                            f"{p}.mlp.experts.{e}.up_proj.weight": (m, h),
+                            f"{p}.mlp.experts.{e}.down_proj.weight": (h, m)})
+        else:
+            out.update({f"{p}.mlp.gate_proj.weight": (ff, h), f"{p}.mlp.up_proj.weight": (ff, h),
+                        f"{p}.mlp.down_proj.weight": (h, ff)})
         if text.get("attention_bias"):
             out.update({f"{p}.self_attn.{x}_proj.bias": (n,) for x, n in
                         (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd), ("o", h))})
@@ -226,6 +256,16 @@ def hf_tensor_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
                 f"{p}.linear_fc2.weight": (vo, merged), f"{p}.linear_fc2.bias": (vo,),
             })
     return dict(sorted(out.items()))
+
+
+def _n_experts(text: dict) -> int:
+    return text.get("num_experts") or text.get("num_local_experts") or 0
+
+
+def _is_moe_layer(text: dict, i: int) -> bool:
+    """transformers' rule (``Qwen3MoeDecoderLayer``): experts unless in mlp_only_layers or off-step."""
+    return (text.get("model_type") == "qwen3_moe" and _n_experts(text) > 0
+            and i not in (text.get("mlp_only_layers") or []) and (i + 1) % (text.get("decoder_sparse_step") or 1) == 0)
 
 
 def _init(name: str, shape: tuple[int, ...], seed: int) -> np.ndarray:

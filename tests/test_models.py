@@ -70,8 +70,8 @@ def test_model_config_objects_and_vl(cache):
         assert f.config == synth.small_vl_config() and not f.missing
     with pytest.raises(ValueError, match="arch"):
         models.vqf(config=synth.small_vl_config(), arch="qwen3")
-    with pytest.raises(ValueError, match="no default tiny qwen3_moe config"):
-        models.vqf(arch="qwen3_moe")
+    with pytest.raises(ValueError, match="no default tiny qwen3_vl_moe config"):
+        models.vqf(arch="qwen3_vl_moe")
 
 
 def test_poem_vqf_equals_a_direct_convert(cache, tmp_path):

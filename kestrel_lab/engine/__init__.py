@@ -5,6 +5,7 @@
 - ``attention`` — GQA attention over the cache (causal prefill, decode).
 - ``kv``        — the preallocated KV cache, its memory per token and the context limit.
 - ``model``     — ``Qwen3Engine``: ``from_vqf``, ``prefill``, ``decode``, ``forward_all``, ``truncate``.
+- ``moe``       — Qwen3-MoE's router, grouped expert FFN (experts read in place) and its byte counts.
 - ``reference`` — a plain numpy forward of the same math (dequantize the same blocks), for checks.
 - ``bench``     — ``kestrel-lab bench``: tok/s against the bandwidth ceiling and PyTorch.
 - ``sample``, ``chat``, ``stream``, ``generate`` — sampling, the chat template, UTF-8 streaming, the loop.

@@ -22,6 +22,7 @@ next to the others:
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -396,3 +397,196 @@ def record(res: dict, runner: str) -> Path:
     rec.record("cold_start_s", res["cold_start"]["to_first_token_s"], "s",
                "fresh process, numba cache warm: start → first token")
     return rec.save()
+
+
+# ------------------------------------------------------------------------------ Qwen3-MoE
+MOE_PROMPT_TOKENS = 256   # the prompt whose distinct experts per layer are counted
+
+
+def proc_io_read_bytes() -> int | None:
+    """``read_bytes`` of /proc/self/io: bytes this process made the kernel fetch from storage (None where
+    the file does not exist). Taught in day22_3."""
+    try:
+        with open("/proc/self/io", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("read_bytes:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def rss_parts() -> dict:
+    """This process's resident set now (/proc/self/status): total, anonymous (copies, activations, KV
+    cache) and file-backed (mapped weight pages), bytes. Taught in day22_3."""
+    out = {}
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                key = line.split(":")[0]
+                if key in ("VmRSS", "RssAnon", "RssFile"):
+                    out[key] = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return {"rss": out.get("VmRSS"), "anon": out.get("RssAnon"), "file": out.get("RssFile")}
+
+
+def moe_first_tokens(path, threads: int, prompt_len: int = 8, cold: bool = True, expert_paging: str = "os") -> dict:
+    """Load the engine and produce the first token after a ``prompt_len`` prompt, then one decode step;
+    ``cold``: drop the file from the page cache first (``models.evict``). Counts what the OS paged in:
+    page-cache bytes of the file before/after (``models.resident_bytes``, mincore) and this process's
+    ``/proc/self/io`` read_bytes. Taught in day22_3."""
+    from kestrel_lab.engine import Qwen3Engine
+
+    evicted = models.evict(path) if cold else False
+    res0, io0 = models.resident_bytes(path), proc_io_read_bytes()
+    t0 = time.perf_counter()
+    eng = Qwen3Engine.from_vqf(path, max_context=prompt_len + 8, threads=threads, expert_paging=expert_paging)
+    t1 = time.perf_counter()
+    logits = eng.prefill(prompt_ids(eng.config.vocab_size, prompt_len))
+    t2 = time.perf_counter()
+    eng.decode(int(np.argmax(logits)))
+    t3 = time.perf_counter()
+    res1, io1 = models.resident_bytes(path), proc_io_read_bytes()
+    return {"cold": cold, "evicted": evicted, "expert_paging": expert_paging, "load_s": t1 - t0, "first_token_s": t2 - t0,
+            "first_decode_s": t3 - t2,
+            "paged_in_bytes": None if res0 is None or res1 is None else res1 - res0,
+            "io_read_bytes": None if io0 is None or io1 is None else io1 - io0,
+            "resident_after_bytes": res1, "file_bytes": os.path.getsize(path),
+            "engine_bytes_touched": eng.moe_report()["bytes_touched"]}
+
+
+def moe_run(config_path, layers: int | None = None, quant: str = "q4_0", threads: list[int] | None = None,
+            decode_tokens: int = DECODE_TOKENS, log=print) -> dict:
+    """The MoE bench on random weights with ``config_path``'s shapes, cut to ``layers`` layers.
+
+    Free disk is checked against the planned file size first. Figures: decode tok/s per thread count
+    against the read bandwidth and the ceiling for the bytes a token reads; weight bytes per token
+    counted by the engine (the router rows and expert runs it touched, plus the dense matrices) beside
+    the computed figure; cold (page cache dropped) vs warm first token, with what the OS paged in;
+    distinct experts per layer chosen by a 256-token prompt; the resident set after the decode.
+    With ``layers`` the per-layer figures are what scales to the whole model (``per_layer``).
+    Taught in day22_3.
+    """
+    import shutil
+
+    from kestrel_lab.config import ModelConfig
+    from kestrel_lab.engine import Qwen3Engine
+    from kestrel_lab.engine.moe import active_bytes
+    from kestrel_lab.roofline import decode_ceiling, memory_bandwidth
+    from kestrel_lab.threads import resolve_threads
+    from kestrel_lab.vqf.layout import resolve_quant
+    from kestrel_lab.vqf.planner import plan_file
+
+    qt = resolve_quant(quant)
+    full = ModelConfig.from_hf(config_path)
+    if full.arch != "qwen3_moe":
+        raise ValueError(f"{config_path}: model_type is {full.arch!r}; the MoE bench needs a qwen3_moe config")
+    cfg = full if layers is None else dataclasses.replace(full, num_hidden_layers=layers)
+    if layers is not None and not 1 <= layers <= full.num_hidden_layers:
+        raise ValueError(f"--layers {layers}: the config has {full.num_hidden_layers} layers")
+    size = plan_file(cfg, qt).file_size
+    cache = models._cache()
+    cache.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(cache).free
+    log(f"planned file {size / 1e9:.2f} GB ({cfg.num_hidden_layers} of {full.num_hidden_layers} layers); "
+        f"free disk at {cache}: {free / 1e9:.1f} GB")
+    if size > 0.9 * free:
+        raise OSError(f"{cache}: {free / 1e9:.1f} GB free, the file needs {size / 1e9:.1f} GB: pass a smaller --layers")
+    t0 = time.perf_counter()
+    path = models.vqf(config=Path(config_path), layers=layers, quant=qt)
+    log(f"model: {path} ({path.stat().st_size / 1e9:.2f} GB, ready in {time.perf_counter() - t0:.1f} s)")
+    threads = sorted(set(threads or [1, resolve_threads(None)]))
+    ab = active_bytes(cfg, qt)
+    res = {"vqf": str(path), "config": str(config_path), "quant": qt.name.lower(), "layers": cfg.num_hidden_layers,
+           "layers_full": full.num_hidden_layers, "threads": threads, "computed_bytes_per_token": ab["total"],
+           "computed_parts": ab, "full_model_computed": active_bytes(full, qt), "engine": {}, "bandwidth": {},
+           "ceiling_tok_s": {}}
+    log("cold first token (page cache dropped) …")
+    res["cold"] = moe_first_tokens(path, threads[-1], cold=True)
+    res["cold_exact"] = moe_first_tokens(path, threads[-1], cold=True, expert_paging="exact")
+    res["warm"] = moe_first_tokens(path, threads[-1], cold=False)
+    for t in threads:
+        log(f"engine, {t} thread(s) …")
+        eng = Qwen3Engine.from_vqf(path, max_context=MOE_PROMPT_TOKENS + decode_tokens + 8, threads=t)
+        ids = prompt_ids(cfg.vocab_size, MOE_PROMPT_TOKENS)
+        eng.reset_moe_counters()
+        t1 = time.perf_counter()
+        logits = eng.prefill(ids)
+        prefill_s = time.perf_counter() - t1
+        rep = eng.moe_report()
+        eng.reset_moe_counters()
+        steps = []
+        for _ in range(decode_tokens):
+            t1 = time.perf_counter()
+            logits = eng.decode(int(np.argmax(logits)))
+            steps.append(time.perf_counter() - t1)
+        dec = eng.moe_report()
+        dense = eng.weight_bytes_per_token - sum(ml.router.nbytes + ml.top_k * ml.experts.expert_bytes
+                                                 for ml in eng.moe_layers.values())
+        counted = dense + dec["bytes_touched"] / decode_tokens
+        bw = memory_bandwidth(threads=t)["read_gbs"]
+        res["engine"][t] = {"decode_tok_s": decode_tokens / sum(steps), "decode_ms_median": 1e3 * float(np.median(steps)),
+                            "prefill_tok_s": MOE_PROMPT_TOKENS / prefill_s,
+                            "counted_bytes_per_token": counted,
+                            "distinct_experts_prompt": rep["distinct_experts"],
+                            "rss_after": rss_parts(), "memory": {k: v for k, v in eng.memory_report().items()
+                                                                  if k.endswith("bytes")},
+                            "kernels": eng.kernel_paths()}
+        res["bandwidth"][t] = bw
+        res["ceiling_tok_s"][t] = decode_ceiling(int(counted), bw)
+        del eng
+    e = res["engine"][threads[-1]]
+    L, Lf = cfg.num_hidden_layers, full.num_hidden_layers
+    per_layer = {k: ab[k] / L for k in ("attention", "router", "experts")}
+    res["per_layer"] = per_layer
+    res["full_model_estimate_bytes_per_token"] = (sum(per_layer.values()) * Lf + ab["lm_head"] + ab["embedding_row"]
+                                                  + ab["norms"] / L * Lf)
+    res["experts_in_place_bytes"] = e["memory"].get("experts_in_place_bytes")
+    res["load_avg"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return res
+
+
+def format_moe_table(res: dict) -> str:
+    """The MoE bench's printed report. Taught in day22_3."""
+    ts = res["threads"]
+    cut = res["layers"] != res["layers_full"]
+    lines = [f"kestrel-lab bench (MoE) — {Path(res['vqf']).name} ({res['quant']}), {res['layers']} of "
+             f"{res['layers_full']} layers" + (" (per-layer figures are what scales to the whole model)" if cut else "")]
+    lines.append(f"{'':46s}" + "".join(f"{f'{t} thread' + ('s' if t > 1 else ''):>14s}" for t in ts))
+
+    def row(label, vals, fmt):
+        lines.append(f"{label:46s}" + "".join(f"{fmt.format(v):>14s}" for v in vals))
+
+    row("decode tok/s", [res["engine"][t]["decode_tok_s"] for t in ts], "{:.1f}")
+    row("prefill tok/s (256-token prompt)", [res["engine"][t]["prefill_tok_s"] for t in ts], "{:.1f}")
+    row("weight MB per token, counted by the engine", [res["engine"][t]["counted_bytes_per_token"] / 1e6 for t in ts], "{:.1f}")
+    row("memory read GB/s", [res["bandwidth"][t] for t in ts], "{:.1f}")
+    row("bandwidth ceiling tok/s (counted bytes)", [res["ceiling_tok_s"][t] for t in ts], "{:.1f}")
+    row("decode % of ceiling", [100 * res["engine"][t]["decode_tok_s"] / res["ceiling_tok_s"][t] for t in ts], "{:.0f} %")
+    p = res["computed_parts"]
+    lines.append(f"computed bytes per token (this file): {res['computed_bytes_per_token'] / 1e6:.1f} MB = attention "
+                 f"{p['attention'] / 1e6:.1f} + experts {p['experts'] / 1e6:.1f} + routers {p['router'] / 1e6:.1f} + "
+                 f"LM head {p['lm_head'] / 1e6:.1f} + norms/embedding row {(p['norms'] + p['embedding_row']) / 1e6:.2f}")
+    pl = res["per_layer"]
+    lines.append(f"per layer: attention {pl['attention'] / 1e6:.2f} MB, router {pl['router'] / 1e6:.2f} MB, "
+                 f"active experts {pl['experts'] / 1e6:.2f} MB; whole model ({res['layers_full']} layers) computed "
+                 f"{res['full_model_computed']['total'] / 1e9:.3f} GB/token, file {res['full_model_computed']['file'] / 1e9:.2f} GB")
+    e = res["engine"][ts[-1]]
+    lines.append("distinct experts chosen by a 256-token prompt, per layer: " + ", ".join(map(str, e["distinct_experts_prompt"])))
+    for key in ("cold", "cold_exact", "warm"):
+        c = res[key]
+        pin = "n/a" if c["paged_in_bytes"] is None else f"{c['paged_in_bytes'] / 1e6:.1f} MB"
+        io = "n/a" if c["io_read_bytes"] is None else f"{c['io_read_bytes'] / 1e6:.1f} MB"
+        lines.append(f"{key} start ({'page cache dropped' if c['evicted'] else 'file cached'}, expert paging "
+                     f"{c['expert_paging']}): load {c['load_s']:.2f} s, "
+                     f"first token {c['first_token_s']:.2f} s, next step {c['first_decode_s'] * 1e3:.0f} ms; paged in "
+                     f"(mincore) {pin}, /proc/self/io read_bytes {io}, of a {c['file_bytes'] / 1e9:.2f} GB file")
+    r = e["rss_after"]
+    mem = e["memory"]
+    lines.append(f"after {MOE_PROMPT_TOKENS} + decode tokens: RSS {r['rss'] / 1e6:.0f} MB (anonymous {r['anon'] / 1e6:.0f}, "
+                 f"file-backed {r['file'] / 1e6:.0f}); weights copied at load {mem['copied_at_load_bytes'] / 1e6:.1f} MB, "
+                 f"used in place {mem['in_place_bytes'] / 1e6:.1f} MB (experts {mem.get('experts_in_place_bytes', 0) / 1e6:.1f})")
+    if res.get("load_avg"):
+        lines.append("machine load average (1/5/15 min) at the end: " + " / ".join(f"{v:.2f}" for v in res["load_avg"]))
+    return "\n".join(lines)

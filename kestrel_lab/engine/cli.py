@@ -96,6 +96,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also time transformers fp32 and bf16 (default: on when installed)")
     b.add_argument("--json", action="store_true", help="print the result as JSON")
     b.add_argument("--record", metavar="RUNNER", help="record the figures as day29_1 for RUNNER")
+    b.add_argument("--layers", type=int, default=None, metavar="N",
+                   help="a Qwen3-MoE config: keep its first N layers (per-layer figures scale to the whole model)")
     b.set_defaults(func=_bench)
 
     golden = sub.add_parser("golden", help="golden files: the token ids each quantization must produce")
@@ -225,6 +227,20 @@ def _bench(args) -> int:
 
     threads = [int(t) for t in args.threads.split(",")] if args.threads else None
     log = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
+    from kestrel_lab.config import ModelConfig
+
+    if args.config and ModelConfig.from_hf(args.config).arch == "qwen3_moe":
+        from kestrel_lab.engine.bench import format_moe_table, moe_run
+
+        if args.record:
+            print("--record: the MoE bench's figures are recorded by day22_3, not day29_1", file=sys.stderr)
+            return 2
+        res = moe_run(args.config, args.layers, args.quant, threads, args.decode_tokens, log=log)
+        print(json.dumps(res, indent=1, default=str) if args.json else format_moe_table(res))
+        return 0
+    if args.layers is not None:
+        print("--layers applies to a Qwen3-MoE --config", file=sys.stderr)
+        return 2
     res = run(args.config, args.quant, threads, args.torch, args.decode_tokens, log=log)
     if args.json:
         print(json.dumps(res, indent=1, default=str))

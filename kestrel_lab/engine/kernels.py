@@ -385,6 +385,53 @@ def matmul_rows_q4_0(w, xq, xd, lut, out, nchunk):
                 out[t, r] = _dot_q4_0_lanes(w[r], xq, xd, lut, t, F)
 
 
+# ================================================================================ MoE experts
+@njit(parallel=True, fastmath=True, cache=True)
+def experts_swiglu_q4_0(wg, wu, ex, start, tok, xq, xd, lut, out, nchunk):
+    """The gate/up half of an MoE layer, on the file's plain Q4_0 expert stacks read in place.
+
+    ``wg``, ``wu``: one layer's (experts, m, m·18/32…) views of ``q4_gate_exps`` / ``q4_up_exps``;
+    the (token, slot) pairs routed to active expert ``ex[a]`` are ``start[a]..start[a+1]``, pair ``p``
+    reading token ``tok[p]`` of the Q8_0 activations. ``out[p] = silu(Wg[e] x) · (Wu[e] x)``. Work
+    items are (active expert, chunk of its rows), so an expert's rows are read once for all its tokens
+    (llama.cpp's ``mul_mat_id``), and experts nobody chose are never touched. Taught in day22_2."""
+    n_act = ex.shape[0]
+    m = wg.shape[1]
+    step = (m + nchunk - 1) // nchunk
+    for w in prange(n_act * nchunk):
+        a = w // nchunk
+        c = w - a * nchunk
+        e = ex[a]
+        F = np.empty(16, np.float32)
+        for r in range(c * step, min(m, c * step + step)):
+            rg = wg[e, r]
+            ru = wu[e, r]
+            for p in range(start[a], start[a + 1]):
+                t = tok[p]
+                g = _dot_q4_0_lanes(rg, xq, xd, lut, t, F)
+                u = _dot_q4_0_lanes(ru, xq, xd, lut, t, F)
+                out[p, r] = silu(g) * u
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def experts_down_q4_0(wd, ex, start, gq, gd, lut, out, nchunk):
+    """The down half of an MoE layer: ``out[p] = Wd[e] g[p]`` for each pair ``p`` of active expert
+    ``ex[a]``, ``wd`` one layer's (experts, hidden, …) view of ``q4_down_exps`` in place, ``g`` the
+    pairs' SwiGLU outputs as Q8_0 (one row per pair). Taught in day22_2."""
+    n_act = ex.shape[0]
+    h = wd.shape[1]
+    step = (h + nchunk - 1) // nchunk
+    for w in prange(n_act * nchunk):
+        a = w // nchunk
+        c = w - a * nchunk
+        e = ex[a]
+        F = np.empty(16, np.float32)
+        for r in range(c * step, min(h, c * step + step)):
+            rd = wd[e, r]
+            for p in range(start[a], start[a + 1]):
+                out[p, r] = _dot_q4_0_lanes(rd, gq, gd, lut, p, F)
+
+
 @njit(parallel=True, fastmath=True, cache=True)
 def matmul_rows_f16(w, x, lut, out, nchunk):
     """out[t] = W @ x[t] for T tokens, W F16 bits: a row is widened once, then used by every token.

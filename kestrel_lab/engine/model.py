@@ -1,4 +1,4 @@
-"""The Qwen3 dense model on top of the kernels: load a VQF file, prefill, decode, return logits.
+"""The Qwen3 model on top of the kernels: load a VQF file, prefill, decode, return logits.
 
 One layer (day12_1), exactly as ``transformers``' ``Qwen3DecoderLayer``::
 
@@ -9,6 +9,11 @@ One layer (day12_1), exactly as ``transformers``' ``Qwen3DecoderLayer``::
     cache[pos] = k, v ;  o = GQA-attention(q, cache[0..pos])
     h = h + Wo o
     x = RMSNorm(h) · ffn_norm ;  h = h + Wdown (silu(Wgate x) · Wup x)
+
+In a Qwen3-MoE model the FFN of each sparse layer is ``engine.moe.MoELayer`` instead (router, the
+chosen experts' SwiGLU, their weighted sum; experts used in place from the mapping, never copied),
+and each dense layer of it (``mlp_only_layers``) reads its own ``q4_gate.{i}`` / ``q4_up.{i}`` /
+``q4_down.{i}`` entries.
 
 then ``logits = Wlm · RMSNorm(h)·final_norm`` (``q4_lm``; for tied embeddings the VQF stores the
 quantized copy of the embedding there, so the lm head is always one matrix read).
@@ -45,15 +50,18 @@ from kestrel_lab import quant as Q
 from kestrel_lab.config import ModelConfig
 from kestrel_lab.engine import kernels as K
 from kestrel_lab.engine import kernels_v16 as V
+from kestrel_lab.engine import moe as M
 from kestrel_lab.engine import registry
 from kestrel_lab.engine.attention import attend
 from kestrel_lab.engine.kv import ContextFullError, KVCache
 from kestrel_lab.engine.rope import apply_rope, rope_cos_sin
 from kestrel_lab.threads import numba_threads, resolve_threads
-from kestrel_lab.vqf.layout import text_specs
+from kestrel_lab.vqf.layout import dense_ffn_name, text_specs
 
 # The names the model's math binds; every shape comes from the file layout (``vqf.layout.text_specs``).
 MATRICES = ("q4_q", "q4_k", "q4_v", "q4_o", "q4_gate", "q4_up", "q4_down")
+ATTENTION = MATRICES[:4]
+FFN = MATRICES[4:]
 PREFILL_CHUNK = 64  # tokens per batched forward: bounds the expanded activations and accumulators
 
 
@@ -202,7 +210,7 @@ def _rows_slice(t, r0: int, r1: int) -> np.ndarray:
 
 
 class Qwen3Engine:
-    """A Qwen3 dense model (or the text tower of Qwen3-VL) ready to prefill and decode.
+    """A Qwen3 model — dense, Qwen3-MoE, or the text tower of Qwen3-VL — ready to prefill and decode.
 
     ``prefill(ids)`` → logits after the last id; ``decode(id)`` → logits of one step;
     ``forward_all(ids)`` → logits of every position; ``truncate``/``reset`` manage the KV cache;
@@ -212,12 +220,14 @@ class Qwen3Engine:
     """
 
     def __init__(self, config: ModelConfig, tensors, *, max_context: int = 4096, threads: int | None = None,
-                 repack: bool = False, source: str = "<tensors>", keepalive=None, interleave: bool = True):
-        if config.arch not in ("qwen3", "qwen3_vl"):
-            raise ValueError(f"{source}: arch {config.arch!r} is not a dense Qwen3 (this engine runs qwen3 and "
-                             f"the text tower of qwen3_vl)")
+                 repack: bool = False, source: str = "<tensors>", keepalive=None, interleave: bool = True,
+                 expert_paging: str = "os"):
+        if config.arch not in ("qwen3", "qwen3_vl", "qwen3_moe"):
+            raise ValueError(f"{source}: arch {config.arch!r} is not a Qwen3 (this engine runs qwen3, qwen3_moe "
+                             f"and the text tower of qwen3_vl)")
         self.config = config
         self.source = source
+        self.expert_paging = expert_paging
         self._keepalive = keepalive      # the mapped file must outlive the views
         self.threads = resolve_threads(threads)
         c = config
@@ -225,7 +235,7 @@ class Qwen3Engine:
         specs = {spec.name: spec for spec in text_specs(c)}
         for name, spec in specs.items():
             if name not in tensors:
-                raise ValueError(f"{source}: tensor {name!r} is missing (a dense Qwen3 needs {', '.join(specs)})")
+                raise ValueError(f"{source}: tensor {name!r} is missing (this {c.arch} model needs {', '.join(specs)})")
             t = tensors[name]
             if (t.rows, t.cols) != (spec.rows, spec.cols):
                 raise ValueError(f"{source}: tensor {name!r} is {t.rows}×{t.cols}, the config needs "
@@ -247,8 +257,15 @@ class Qwen3Engine:
         self.embed_qtype = emb.qtype
         self.embed = emb.data.view("<f4" if emb.qtype == Q.F32.id else "<u2").reshape(emb.rows, emb.cols)
 
-        # rows of one layer's slice of each stacked matrix (the lm head is one matrix)
-        per_layer = {name: specs[name].rows // (1 if name == "q4_lm" else L) for name in MATRICES + ("q4_lm",)}
+        is_moe = c.arch == "qwen3_moe"
+        # matrices bound as Linear: stacked per layer (attention; a dense model's FFN), or one per entry
+        # (the lm head; each dense layer's FFN inside an MoE model). The expert stacks and the router
+        # are not in this list: they are used in place (``engine.moe``), never copied.
+        whole = ("q4_lm",) + tuple(dense_ffn_name(k, i) for i in c.dense_layers for k in ("gate", "up", "down")
+                                   if is_moe)
+        linear_names = (ATTENTION if is_moe else MATRICES) + whole
+        # rows of one layer's slice of each stacked matrix (whole entries are one matrix)
+        per_layer = {name: specs[name].rows // (1 if name in whole else L) for name in linear_names}
         self.repack_seconds = 0.0
         # Where each tensor's bytes live while the engine runs: used in place from the file's mapping
         # (shared with every process that maps it) or copied at load into anonymous memory.
@@ -259,7 +276,7 @@ class Qwen3Engine:
         self.q4_layout = registry.q4_load_layout()
         G = registry.PLANE_LAYOUTS[self.q4_layout]
         split_q4 = K.repack_q4_0_to_r32 if self.q4_layout == "Q4_0_R32" else V.repack_q4_0_to_v16
-        for name in MATRICES + ("q4_lm",):
+        for name in linear_names:
             t = tensors[name]
             if interleave and not repack and t.qtype == Q.Q4_0.id and per_layer[name] % G == 0:
                 t0 = time.perf_counter()
@@ -295,34 +312,62 @@ class Qwen3Engine:
                         if all(name in planes for name in MATRICES) else None)
         self._step = _kernel(self.q4_layout, "layers") if self._planes is not None else None
         self.layers = []
+        self.moe_layers: dict[int, M.MoELayer] = {}
         for layer in range(L):
             mats = {}
-            for name in MATRICES:
+            for name in (ATTENTION if is_moe else MATRICES):
                 rows, t = per_layer[name], stacked[name]
                 g0, g1 = layer * rows // G, (layer + 1) * rows // G
                 mats[name] = Linear(t.qtype, rows, t.cols, _rows_slice(t, layer * rows, (layer + 1) * rows),
                                     f"{name}[{layer}]", r32=split(name, g0, g1), planes_layout=self.q4_layout)
+            if is_moe and c.is_moe_layer(layer):
+                self.moe_layers[layer] = self._moe_layer(tensors, c.moe_layers.index(layer))
+            elif is_moe:
+                for kind, name in zip(FFN, (dense_ffn_name(k, layer) for k in ("gate", "up", "down"))):
+                    t = stacked[name]
+                    mats[kind] = Linear(t.qtype, t.rows, t.cols, t.data.reshape(-1), name, r32=split(name, 0, None),
+                                        planes_layout=self.q4_layout)
             self.layers.append(mats)
         t = stacked["q4_lm"]
         self.lm_head = Linear(t.qtype, t.rows, t.cols, t.data.reshape(-1), "q4_lm",
                               r32=split("q4_lm", 0, None), planes_layout=self.q4_layout)
         self.weight_qtypes = {name: Q.qtype(stacked[name].qtype).name for name in stacked}
+        if self.moe_layers:
+            self.weight_qtypes.update({n: Q.qtype(tensors[n].qtype).name
+                                       for n in ("moe_router", "q4_gate_exps", "q4_up_exps", "q4_down_exps")})
 
         self.max_context = int(min(max_context, c.max_position_embeddings))
         self.cache = KVCache(L, c.num_key_value_heads, hd, self.max_context)
         self._cos, self._sin = rope_cos_sin(np.arange(self.max_context), hd, c.rope_theta)
         self.stats = {"prefill_s": 0.0, "prefill_tokens": 0, "decode_s": 0.0, "decode_tokens": 0}
 
+    def _moe_layer(self, tensors, k: int) -> "M.MoELayer":
+        """MoE layer number ``k`` (of ``config.moe_layers``): its router rows and views of its experts."""
+        c = self.config
+        E = c.num_experts
+        r = tensors["moe_router"]
+        if r.qtype != Q.F32.id:
+            raise ValueError(f"{self.source}: tensor 'moe_router' has qtype {Q.qtype(r.qtype).name}, expected F32")
+        router = Linear(r.qtype, E, r.cols, _rows_slice(r, k * E, (k + 1) * E), f"moe_router[{k}]")
+        q = {tensors[n].qtype for n in ("q4_gate_exps", "q4_up_exps", "q4_down_exps")}
+        if len(q) != 1:
+            raise ValueError(f"{self.source}: the three expert stacks have different qtypes "
+                             f"{sorted(Q.qtype(x).name for x in q)}")
+        stack = M.ExpertStack(k, c, tensors["q4_gate_exps"], tensors["q4_up_exps"], tensors["q4_down_exps"],
+                              Linear, Activation)
+        return M.MoELayer(router, stack, c.num_experts_per_tok, c.norm_topk_prob, self.expert_paging)
+
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_vqf(cls, path, max_context: int = 4096, threads: int | None = None, repack: bool = False,
-                 interleave: bool = True) -> "Qwen3Engine":
-        """Open a VQF file (mmap, zero copy) and build the engine on it. Taught in day17_3."""
+                 interleave: bool = True, expert_paging: str = "os") -> "Qwen3Engine":
+        """Open a VQF file (mmap, zero copy) and build the engine on it. ``expert_paging`` (Qwen3-MoE):
+        "os" or "exact" (see ``engine.moe``). Taught in day17_3."""
         from kestrel_lab.vqf.reader import open_vqf
 
         f = open_vqf(path)
         return cls(f.config, f.tensors, max_context=max_context, threads=threads, repack=repack,
-                   source=str(os.fspath(path)), keepalive=f, interleave=interleave)
+                   source=str(os.fspath(path)), keepalive=f, interleave=interleave, expert_paging=expert_paging)
 
     @classmethod
     def from_tensors(cls, config: ModelConfig, tensors: dict, **kw) -> "Qwen3Engine":
@@ -346,10 +391,14 @@ class Qwen3Engine:
         docstring). Writing the interleaved layout at conversion time would make every byte in place.
         Taught in day16_1 and day17_3.
         """
-        return {"in_place_bytes": sum(self.bytes_in_place.values()),
-                "copied_at_load_bytes": sum(self.bytes_copied.values()),
-                "copied_tensors": sorted(self.bytes_copied), "in_place_tensors": sorted(self.bytes_in_place),
-                "copy_seconds": self.repack_seconds}
+        out = {"in_place_bytes": sum(self.bytes_in_place.values()),
+               "copied_at_load_bytes": sum(self.bytes_copied.values()),
+               "copied_tensors": sorted(self.bytes_copied), "in_place_tensors": sorted(self.bytes_in_place),
+               "copy_seconds": self.repack_seconds}
+        if self.moe_layers:   # Qwen3-MoE: the experts are never copied; a token pages in only its own
+            out["experts_in_place_bytes"] = sum(self.bytes_in_place.get(n, 0) for n in
+                                                ("q4_gate_exps", "q4_up_exps", "q4_down_exps"))
+        return out
 
     def kernel_paths(self) -> dict:
         """Which registered kernel each product uses, by weight layout (and the whole-step kernel).
@@ -362,7 +411,12 @@ class Qwen3Engine:
             by_layout.setdefault(w.layout, {"one": w.kernel_one.name, "many": w.kernel_many.name,
                                             **{c: (k.name if (k := _kernel(w.layout, c)) else None)
                                                for c in ("qkv", "swiglu")}})
-        return {"matrices": by_layout, "decode_step": self._step.name if self._step else None,
+        experts = {}
+        for ml in self.moe_layers.values():
+            experts.setdefault(ml.experts.layout, {"experts": ml.kernel.name, "router": ml.router.kernel_one.name,
+                                                   "router_many": ml.router.kernel_many.name})
+        return {"matrices": by_layout, "experts": experts,
+                "decode_step": self._step.name if self._step else None,
                 "q4_layout": self.q4_layout if any(w.nib is not None for w in mats) else None,
                 "isa": sorted(f for f in registry.host_features() if f in ("avx2", "avx512f", "avx512_vnni",
                                                                             "avx_vnni", "dotprod", "i8mm"))}
@@ -371,12 +425,32 @@ class Qwen3Engine:
     def weight_bytes_per_token(self) -> int:
         """Bytes of weights one decode step reads: every matrix, the lm head, the norms, one embedding row.
 
+        For Qwen3-MoE, each MoE layer counts its router and ``num_experts_per_tok`` experts' three
+        matrices (what a token reads; which experts depends on the token, their size does not).
         Taught in day07_3.
         """
         c = self.config
         mats = sum(m.nbytes for layer in self.layers for m in layer.values()) + self.lm_head.nbytes
+        mats += sum(ml.router.nbytes + ml.top_k * ml.experts.expert_bytes for ml in self.moe_layers.values())
         norms = 4 * (c.num_hidden_layers * (2 * c.hidden_size + 2 * c.head_dim) + c.hidden_size)
         return int(mats + norms + self.embed.itemsize * c.hidden_size)
+
+    def moe_report(self) -> dict:
+        """What the MoE layers touched since the last ``reset_moe_counters``: weight bytes of the router
+        rows and expert runs read (an expert counted once per forward call however many tokens chose
+        it), per layer the distinct experts chosen and the tokens per expert. Taught in day22_2."""
+        layers = sorted(self.moe_layers)
+        hits = np.stack([self.moe_layers[i].hits for i in layers]) if layers else np.zeros((0, 0), np.int64)
+        return {"moe_layers": layers,
+                "bytes_touched": int(sum(ml.bytes_touched for ml in self.moe_layers.values())),
+                "calls": int(sum(ml.calls for ml in self.moe_layers.values())),
+                "distinct_experts": [int((h > 0).sum()) for h in hits],
+                "hits": hits}
+
+    def reset_moe_counters(self) -> None:
+        """Zero every MoE layer's counters (bytes touched, expert hits). Taught in day22_2."""
+        for ml in self.moe_layers.values():
+            ml.reset_counters()
 
     def reset(self) -> None:
         """Empty the KV cache. Taught in day11_1."""
@@ -474,8 +548,11 @@ class Qwen3Engine:
                     attend(q, kc, vc, pos0, o)
                     h += m["q4_o"](Activation(o.reshape(T, H * D)))
                     K.rmsnorm(h, self.ffn_norm[layer], eps, x)
-                    g = _swiglu(m, Activation(x))
-                    h += m["q4_down"](Activation(g))
+                    if layer in self.moe_layers:
+                        h += self.moe_layers[layer](x)
+                    else:
+                        g = _swiglu(m, Activation(x))
+                        h += m["q4_down"](Activation(g))
             self.cache.pos = pos0 + T
             hs = h[-1:] if last_only else h
             hn = np.empty_like(hs)

@@ -11,15 +11,18 @@ call       what it computes                                                signa
 ``qkv``    Q, K and V of one token in one parallel region                  ``fn(wq, wk, wv, act, q, k, v)``
 ``swiglu`` ``silu(Wgate x) · (Wup x)`` of one token in one pass             ``fn(wg, wu, act, out)``
 ``layers`` every layer of one decode step in one numba call                ``fn(*args)`` (``step``)
+``experts`` an MoE layer's chosen experts for T tokens, grouped by expert   ``fn(stack, act, groups, out)``
 =========  ==============================================================  ============================
 
 ``w`` is a ``Linear`` (``.w``, ``.rows``, ``.nib``/``.sc``), ``act`` an ``Activation`` (``.x``,
 ``.q8()``, ``.q8c()``, ``.x8x8()``). Every (layout, call) that exists has a **portable** kernel; an
 ISA-specific one (``isa="avx512_vnni"``, ``"dotprod"`` …) registers beside it and is chosen when the
 host has that feature (``host_features``). A new layout (an 8-row VNNI layout, the A76's 4×4 layout),
-a new consumer (the vision tower's matmul with bias, MoE expert slices) or an ISA-specific kernel is
+a new consumer (the vision tower's matmul with bias) or an ISA-specific kernel is
 one ``@register`` away. ``qkv``/``swiglu`` fall back to separate ``one`` calls for layouts without a
-fused kernel. Each ``Kernel`` counts its calls, so the bench and the provenance can say which ran.
+fused kernel. ``experts`` (Qwen3-MoE, ``engine.moe``): plain Q4_0 experts have a grouped kernel that reads
+the file's rows in place; the other layouts go expert by expert through their ``many`` kernels.
+Each ``Kernel`` counts its calls, so the bench and the provenance can say which ran.
 Taught in day06_3 (planned).
 """
 from __future__ import annotations
@@ -36,7 +39,7 @@ from kestrel_lab.engine import kernels as K
 from kestrel_lab.engine import kernels_v16 as V
 from kestrel_lab.engine import step
 
-CALLS = ("one", "many", "qkv", "swiglu", "layers")
+CALLS = ("one", "many", "qkv", "swiglu", "layers", "experts")
 PORTABLE = "portable"
 
 
@@ -287,3 +290,37 @@ def _register_v16(isa: str, suffix: str, matvec, matvec3, swiglu, matmul):
 _register_v16(PORTABLE, "", V.matvec_q4_v16, V.matvec3_q4_v16, V.matvec_swiglu_q4_v16, V.matmul_q4_v16)
 _register_v16("avx512_vnni", "_vnni", V.matvec_q4_v16_vnni, V.matvec3_q4_v16_vnni, V.matvec_swiglu_q4_v16_vnni,
               V.matmul_q4_v16_vnni)
+# --------------------------------------------------------------------------- MoE experts (``engine.moe``)
+# ``stack`` is an ``moe.ExpertStack`` (views of one layer's runs in the stacked expert entries, never
+# copied), ``act`` the Activation of the chunk's tokens, ``groups`` an ``moe.Groups`` (pairs sorted by
+# expert), ``out`` (pairs, hidden): each pair's expert output before the routing weight.
+def _expert_chunks(n_active: int) -> int:
+    """Row chunks per active expert: enough work items for every thread, whatever k is."""
+    return max(1, -(-K.n_chunks(1 << 30) // max(1, n_active)))
+
+
+@register("Q4_0", "experts", name="experts_q4_0")
+def _q4_experts(stack, act, groups, out):
+    xq, xd = act.q8()
+    g = np.empty((groups.n_pairs, stack.m), np.float32)
+    nch = _expert_chunks(groups.experts.size)
+    K.experts_swiglu_q4_0(stack.gate, stack.up, groups.experts, groups.start, groups.tok, xq, xd,
+                          K.F16_TO_F32, g, nch)
+    gq = np.empty(g.shape, np.int8)
+    gd = np.empty((g.shape[0], g.shape[1] // K.QK), np.float32)
+    K.quantize_act(g, gq, gd)
+    K.experts_down_q4_0(stack.down, groups.experts, groups.start, gq, gd, K.F16_TO_F32, out, nch)
+
+
+def _experts_by_expert(stack, act, groups, out):
+    """Any layout: per active expert, its tokens' rows through the ``many`` kernels of its views."""
+    for a, e in enumerate(groups.experts):
+        p0, p1 = int(groups.start[a]), int(groups.start[a + 1])
+        sub = stack.activation(act.x[groups.tok[p0:p1]])
+        gate, up = stack.linear("gate", int(e))(sub), stack.linear("up", int(e))(sub)
+        K.silu_mul(gate, up, gate)
+        out[p0:p1] = stack.linear("down", int(e))(stack.activation(gate))
+
+
+for _layout in ("F32", "F16", "Q8_0", "Q4_8X8L"):
+    register(_layout, "experts", name="experts_by_expert")(_experts_by_expert)

@@ -30,6 +30,8 @@ Taught in day15_2 (the name map), day15_3 (stacking) and day16_3 (the 41-entry m
 """
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass, field
 
 from kestrel_lab.config import ModelConfig
@@ -81,7 +83,83 @@ def _qtypes_for(quant: QType, cfg: ModelConfig) -> dict[str, int]:
             "vision": quant.id if floaty else Q8_0.id, "f32": F32.id}
 
 
-def _text_specs(cfg: ModelConfig, qt: dict[str, int], prefix: str, lm_head: str) -> list[TensorSpec]:
+EXPERT_KEYS = ("per_expert", "fused")
+_DENSE_FFN = re.compile(r"^q4_(gate|up|down)\.(\d+)$")
+_SLICE = re.compile(r"^(.*)\[(\d+):(\d+)\]$")
+
+
+def dense_ffn_name(kind: str, layer: int) -> str:
+    """The VQF name of one dense layer's FFN matrix inside a Qwen3-MoE file: ``q4_gate.3``. Taught in day22_2."""
+    return f"q4_{kind}.{layer}"
+
+
+def split_source(src: str) -> tuple[str, int | None, int | None]:
+    """A source name as (HF tensor, first row, end row): ``name[r0:r1]`` takes rows [r0, r1) of the
+    tensor reshaped to ``(-1, cols)`` (a fused expert tensor's slice); a plain name takes all rows.
+    Taught in day22_2."""
+    m = _SLICE.match(src)
+    return (m.group(1), int(m.group(2)), int(m.group(3))) if m else (src, None, None)
+
+
+def _moe_ffn_specs(cfg: ModelConfig, qt: dict[str, int], prefix: str, experts: str) -> list[TensorSpec]:
+    """The FFN entries of a Qwen3-MoE file (see ``plan``): router and expert stacks over the MoE layers
+    only, then one gate/up/down trio per dense layer, named with its layer index."""
+    if experts not in EXPERT_KEYS:
+        raise ValueError(f"experts={experts!r}: expected one of {', '.join(EXPERT_KEYS)}")
+    E, m, h, I = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size, cfg.intermediate_size  # noqa: E741
+    moe = cfg.moe_layers
+    specs = []
+    if moe:
+        if experts == "per_expert":   # what transformers' save_pretrained and the hub's files hold
+            exp = lambda tmpl: tuple(f"{prefix}layers.{i}.mlp.experts.{e}.{tmpl}.weight"  # noqa: E731
+                                     for i in moe for e in range(E))
+            gate, up, down = exp("gate_proj"), exp("up_proj"), exp("down_proj")
+        else:                         # transformers 5's in-memory form: gate_up (E, 2m, h), down (E, h, m)
+            gu = lambda i, e, r0: f"{prefix}layers.{i}.mlp.experts.gate_up_proj[{r0}:{r0 + m}]"  # noqa: E731
+            gate = tuple(gu(i, e, e * 2 * m) for i in moe for e in range(E))
+            up = tuple(gu(i, e, e * 2 * m + m) for i in moe for e in range(E))
+            down = tuple(f"{prefix}layers.{i}.mlp.experts.down_proj[{e * h}:{(e + 1) * h}]"
+                         for i in moe for e in range(E))
+        n = len(moe)
+        specs += [
+            TensorSpec("moe_router", qt["f32"], n * E, h, tuple(f"{prefix}layers.{i}.mlp.gate.weight" for i in moe),
+                       "expert router of each MoE layer (F32)"),
+            TensorSpec("q4_gate_exps", qt["text"], n * E * m, h, gate, "experts' gate: MoE layer, then expert"),
+            TensorSpec("q4_up_exps", qt["text"], n * E * m, h, up, "experts' up: MoE layer, then expert"),
+            TensorSpec("q4_down_exps", qt["text"], n * E * h, m, down, "experts' down: MoE layer, then expert"),
+        ]
+    for i in cfg.dense_layers:
+        p = f"{prefix}layers.{i}.mlp."
+        specs += [
+            TensorSpec(dense_ffn_name("gate", i), qt["text"], I, h, (p + "gate_proj.weight",), f"dense FFN gate, layer {i}"),
+            TensorSpec(dense_ffn_name("up", i), qt["text"], I, h, (p + "up_proj.weight",), f"dense FFN up, layer {i}"),
+            TensorSpec(dense_ffn_name("down", i), qt["text"], h, I, (p + "down_proj.weight",), f"dense FFN down, layer {i}"),
+        ]
+    return specs
+
+
+def config_for_directory(config: ModelConfig, names) -> ModelConfig:
+    """The configuration a file's directory completes: a Qwen3-MoE file's dense layers are the layers
+    that have ``q4_gate.{i}`` entries (no header bytes record them). Other architectures unchanged.
+    Taught in day22_2."""
+    if config.arch != "qwen3_moe":
+        return config
+    dense = sorted({int(m.group(2)) for n in names if (m := _DENSE_FFN.match(n)) and m.group(1) == "gate"})
+    return dataclasses.replace(config, mlp_only_layers=dense, decoder_sparse_step=1)
+
+
+def expert_runs(spec: TensorSpec, config: ModelConfig) -> list[tuple[int, int, int, int]]:
+    """(MoE layer, expert, first row, end row) of every expert's run inside a stacked expert entry:
+    MoE layer major, expert minor, each expert's matrix one contiguous run. Taught in day22_2."""
+    per = {"q4_gate_exps": config.moe_intermediate_size, "q4_up_exps": config.moe_intermediate_size,
+           "q4_down_exps": config.hidden_size}[spec.name]
+    E = config.num_experts
+    return [(i, e, (k * E + e) * per, (k * E + e + 1) * per)
+            for k, i in enumerate(config.moe_layers) for e in range(E)]
+
+
+def _text_specs(cfg: ModelConfig, qt: dict[str, int], prefix: str, lm_head: str,
+                experts: str = "per_expert") -> list[TensorSpec]:
     L, h, hd = cfg.num_hidden_layers, cfg.hidden_size, cfg.head_dim
     lay = lambda tmpl: tuple(f"{prefix}layers.{i}.{tmpl}" for i in range(L))  # noqa: E731
     embed = f"{prefix}embed_tokens.weight"
@@ -98,15 +176,7 @@ def _text_specs(cfg: ModelConfig, qt: dict[str, int], prefix: str, lm_head: str)
         TensorSpec("q4_o", qt["text"], L * h, cfg.q_dim, lay("self_attn.o_proj.weight"), "output projection"),
     ]
     if cfg.arch == "qwen3_moe":
-        E, m = cfg.num_experts, cfg.moe_intermediate_size
-        exp = lambda tmpl: tuple(f"{prefix}layers.{i}.mlp.experts.{e}.{tmpl}"  # noqa: E731
-                                 for i in range(L) for e in range(E))
-        specs += [
-            TensorSpec("moe_router", qt["f32"], L * E, h, lay("mlp.gate.weight"), "expert router, per layer"),
-            TensorSpec("q4_gate_exps", qt["text"], L * E * m, h, exp("gate_proj.weight"), "experts' gate"),
-            TensorSpec("q4_up_exps", qt["text"], L * E * m, h, exp("up_proj.weight"), "experts' up"),
-            TensorSpec("q4_down_exps", qt["text"], L * E * h, m, exp("down_proj.weight"), "experts' down"),
-        ]
+        specs += _moe_ffn_specs(cfg, qt, prefix, experts)
     else:
         I = cfg.intermediate_size  # noqa: E741
         specs += [
@@ -166,18 +236,26 @@ def _vision_specs(cfg: ModelConfig, qt: dict[str, int]) -> list[TensorSpec]:
     return specs
 
 
-def plan(config: ModelConfig, quant: "str | QType" = "q4_0") -> list[TensorSpec]:
+def plan(config: ModelConfig, quant: "str | QType" = "q4_0", experts: str = "per_expert") -> list[TensorSpec]:
     """The tensors of ``config``'s VQF file in dump order (names, qtypes, shapes, HF sources).
 
     Qwen3-VL: 14 text + 4 vision Q8_0 + 11 vision F32 + 6 merger + 6 DeepStack entries (41 for the
     2B model). Dense Qwen3: the 14 text entries. Qwen3-MoE: the router and the three expert
-    matrices (experts stacked after layers) replace gate/up/down. Taught in day16_3.
+    matrices replace gate/up/down: ``moe_router`` (F32, MoE layers × experts rows), ``q4_gate_exps`` /
+    ``q4_up_exps`` (MoE layers × experts × moe_intermediate rows of hidden) and ``q4_down_exps`` (MoE
+    layers × experts × hidden rows of moe_intermediate), MoE layer major, expert minor, so each
+    expert's gate, up and down matrix is one contiguous run (``expert_runs``); a dense layer of an
+    MoE model (``mlp_only_layers``, ``decoder_sparse_step``) gets its own ``q4_gate.{i}``,
+    ``q4_up.{i}``, ``q4_down.{i}`` instead, and the stacks skip it. ``experts`` says how the
+    checkpoint stores experts: "per_expert" (``mlp.experts.{e}.gate_proj.weight``…, what
+    ``save_pretrained`` writes) or "fused" (``mlp.experts.gate_up_proj`` / ``down_proj``, sliced by
+    rows); the file is the same. Taught in day16_3 and day22_2.
     """
     qt = _qtypes_for(resolve_quant(quant), config)
     if config.arch == "qwen3_vl":
         specs = _text_specs(config, qt, "model.language_model.", "lm_head.weight") + _vision_specs(config, qt)
     else:
-        specs = _text_specs(config, qt, "model.", "lm_head.weight")
+        specs = _text_specs(config, qt, "model.", "lm_head.weight", experts)
     for s in specs:
         if len(s.name.encode()) >= NAME_BYTES:
             raise VQFFormatError(f"tensor name {s.name!r} does not fit name[{NAME_BYTES}]")
@@ -210,7 +288,8 @@ def source_rows(spec: TensorSpec, shapes: dict[str, tuple[int, ...]]) -> list[in
     rows of ``cols`` or whose rows do not add up. Taught in day15_3.
     """
     out = []
-    for name in spec.sources:
+    for src in spec.sources:
+        name, r0, r1 = split_source(src)
         if name not in shapes:
             raise KeyError(f"{spec.name}: source tensor {name!r} is not in the checkpoint")
         n = 1
@@ -219,11 +298,15 @@ def source_rows(spec: TensorSpec, shapes: dict[str, tuple[int, ...]]) -> list[in
         if n % spec.cols:
             raise ValueError(f"tensor {name!r} of shape {list(shapes[name])} does not split into rows of "
                              f"{spec.cols} (entry {spec.name}, {spec.qtype_name} {spec.rows}×{spec.cols})")
-        out.append(n // spec.cols)
+        if r0 is not None and not r0 < r1 <= n // spec.cols:
+            raise ValueError(f"tensor {name!r} of shape {list(shapes[name])} has {n // spec.cols} rows of "
+                             f"{spec.cols}; entry {spec.name} needs rows [{r0}, {r1})")
+        out.append(n // spec.cols if r0 is None else r1 - r0)
     if sum(out) != spec.rows:
         raise ValueError(f"entry {spec.name}: its sources give {sum(out)} rows of {spec.cols}, the plan needs "
                          f"{spec.rows} (check config.json against the weights)")
     return out
 
 
-__all__ = ["TensorSpec", "plan", "text_specs", "resolve_quant", "source_rows", "has_repacked", "QUANTS"]
+__all__ = ["TensorSpec", "plan", "text_specs", "resolve_quant", "source_rows", "has_repacked", "QUANTS",
+           "EXPERT_KEYS", "dense_ffn_name", "split_source", "config_for_directory", "expert_runs"]

@@ -234,8 +234,9 @@ def _parse(path: Path, mm: mmap.mmap, size: int, verify: bool) -> VQFFile:
         hbad("flags", f"REPACKED_8X8 (0x8) is {'set' if flags & 8 else 'clear'} but "
                       f"{'a' if repacked else 'no'} tensor is Q4_8X8L")
     # ---- attach by name: known names must have the shapes the configuration implies
-    from kestrel_lab.vqf.layout import plan
+    from kestrel_lab.vqf.layout import config_for_directory, plan
 
+    config = config_for_directory(config, [e.name for e in entries])  # an MoE file's dense layers
     try:
         expected = {s.name: s for s in plan(config)}
     except ValueError as e:

@@ -2,7 +2,8 @@
 
 The page marks each generated table with ``<!-- generated:KEY -->`` … ``<!-- /generated:KEY -->``;
 ``render`` produces the tables from ``kestrel_lab.vqf.format`` (header, VQFSig, entry, flags), the
-qtype table from ``kestrel_lab.quant.QTYPES`` and the 41-entry map from the planner; ``splice``
+qtype table from ``kestrel_lab.quant.QTYPES``, the 41-entry map and Qwen3-30B-A3B's MoE map (with the
+dense-layer variant) from the planner; ``splice``
 puts them in place. ``kestrel-lab vqf spec`` rewrites the page, and a test fails when it is stale.
 
 The page is read alongside day16_2.
@@ -46,11 +47,51 @@ def _sources() -> str:
     return "\n".join(rows)
 
 
+def _moe() -> str:
+    """Qwen3-30B-A3B's MoE entries, and the same model with layer 0 dense (``mlp_only_layers=[0]``)."""
+    import dataclasses
+
+    from kestrel_lab.config import ModelConfig
+    from kestrel_lab.convert import source_pattern
+    from kestrel_lab.vqf.layout import expert_runs, plan
+    from kestrel_lab.vqf.planner import plan_file
+
+    cfg = ModelConfig.from_hf(configs_dir() / "qwen3-30b-a3b.config.json")
+    fp = plan_file(cfg)
+    rows = ["| # | name | qtype | rows × cols | offset | bytes | 来源（按序堆叠） |", "|---:|---|---|---|---:|---:|---|"]
+    for i, e in enumerate(fp.entries):
+        s = e.spec
+        src = source_pattern(s.sources) if len(s.sources) <= cfg.num_hidden_layers else (
+            re.sub(r"layers\.0\.", "layers.{i}.", re.sub(r"experts\.0\.", "experts.{e}.", s.sources[0]))
+            + f"（× {len(s.sources):,}：i 在外、e 在内）")
+        rows.append(f"| {i} | `{s.name}` | {s.qtype} {s.qtype_name} | {s.rows:,} × {s.cols:,} | {e.offset:,} | "
+                    f"{s.nbytes:,} | `{src}` |")
+    rows.append("")
+    rows.append(f"data_offset = {fp.data_offset:,}；file_len = {fp.file_len:,}；文件大小 = {fp.file_size:,}。")
+    spec = {s.name: s for s in fp.specs}
+    runs = expert_runs(spec["q4_gate_exps"], cfg)
+    per = spec["q4_gate_exps"].nbytes // len(runs)
+    rows.append(f"每个专家的 gate（或 up）是 `q4_gate_exps` 里连续的 {runs[0][3] - runs[0][2]:,} 行（{per:,} 字节），"
+                f"down 是 `q4_down_exps` 里连续的 {cfg.hidden_size:,} 行（{spec['q4_down_exps'].nbytes // len(runs):,} 字节）；"
+                f"第 k 个 MoE 层的专家 e 从第 (k·{cfg.num_experts} + e)·m 行开始（`kestrel_lab.vqf.layout.expert_runs`）。")
+    rows.append("")
+    dense = dataclasses.replace(cfg, mlp_only_layers=[0])
+    rows += ["同一个模型若第 0 层是稠密层（`mlp_only_layers = [0]`），FFN 部分的条目变成：", "",
+             "| name | qtype | rows × cols | 来源 |", "|---|---|---|---|"]
+    for s in plan(dense):
+        if s.name in ("moe_router", "q4_gate_exps", "q4_up_exps", "q4_down_exps") or s.name.startswith(("q4_gate.", "q4_up.", "q4_down.")):
+            src = s.sources[0] if len(s.sources) == 1 else (
+                re.sub(r"experts\.0\.", "experts.{e}.", s.sources[0]) + f" … {s.sources[-1]}（× {len(s.sources):,}）")
+            rows.append(f"| `{s.name}` | {s.qtype_name} | {s.rows:,} × {s.cols:,} | `{src}` |")
+    return "\n".join(rows)
+
+
 def render() -> dict[str, str]:
     """Every generated block of the spec page, by key."""
     out = spec_tables()
     out["map2b"] = _map_2b()
     out["sources"] = _sources()
+    out["moe"] = _moe()
     return out
 
 
