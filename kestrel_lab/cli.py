@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "kestrel_lab.vqf.cli",  # vqf plan, inspect, verify, dump, spec
     "kestrel_lab.convert_cli",  # convert, tiny-model
     "kestrel_lab.engine.cli",  # generate, chat, bench, golden
+    "kestrel_lab.eval_cli",  # eval ppl, eval kl
 ]
 
 

@@ -15,7 +15,7 @@ not tuned: it is a multiple of the largest logit difference measured between two
 engine on the same file (``kernel_path_spread``).
 
 Golden files change only through ``kestrel-lab golden update``, which prints what changed.
-Taught in day25_3（计划中）.
+Taught in day25_3.
 """
 from __future__ import annotations
 

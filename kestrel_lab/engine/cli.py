@@ -10,7 +10,7 @@ works with a pipe (``printf '你好\\n' | kestrel-lab chat model.vqf``).
 ``golden check | update`` replays or regenerates the token ids each quantization must produce
 (``kestrel_lab.golden``).
 
-Taught in day13_1 (generate), day14_2 (chat), day29_1 (planned; bench) and day25_3 (planned; golden).
+Taught in day13_1 (generate), day14_2 (chat), day29_1 (planned; bench) and day25_3 (golden).
 """
 from __future__ import annotations
 

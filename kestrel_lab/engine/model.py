@@ -214,7 +214,8 @@ class Qwen3Engine:
 
     ``prefill(ids)`` → logits after the last id; ``decode(id)`` → logits of one step;
     ``forward_all(ids)`` → logits of every position; ``truncate``/``reset`` manage the KV cache;
-    ``stats`` accumulates timings. Plain Q4_0 weights are split and row-interleaved at load unless
+    ``stats`` accumulates timings; ``trace``, when set, is called after each layer with the hidden state
+    (``kestrel_lab.eval.trace_hidden``). Plain Q4_0 weights are split and row-interleaved at load unless
     ``interleave=False``; ``repack=True`` copies them into Q4_8X8L instead (see the module docstring).
     Taught in day12_2.
     """
@@ -340,6 +341,11 @@ class Qwen3Engine:
         self.cache = KVCache(L, c.num_key_value_heads, hd, self.max_context)
         self._cos, self._sin = rope_cos_sin(np.arange(self.max_context), hd, c.rope_theta)
         self.stats = {"prefill_s": 0.0, "prefill_tokens": 0, "decode_s": 0.0, "decode_tokens": 0}
+        # Tracing hook: when set, ``trace(layer, h)`` is called after each layer with the residual
+        # stream h (T, hidden) float32 — the engine's own buffer, so copy what you keep. A traced
+        # decode step runs layer by layer (the whole-step kernel has no seam to look through).
+        # Used by ``kestrel_lab.eval.hidden_cosine``; None costs nothing.
+        self.trace = None
 
     def _moe_layer(self, tensors, k: int) -> "M.MoELayer":
         """MoE layer number ``k`` (of ``config.moe_layers``): its router rows and views of its experts."""
@@ -529,7 +535,7 @@ class Qwen3Engine:
             h = self._embed(ids)
             x = np.empty_like(h)
             o = np.empty((T, H, D), np.float32)
-            if T == 1 and self._step is not None:
+            if T == 1 and self._step is not None and self.trace is None:
                 self._step(h, eps, self.attn_norm, self.ffn_norm, self.q_norm, self.k_norm, self._planes,
                                   self.cache.k, self.cache.v, pos0, cos, sin, H, nt)
             else:
@@ -553,6 +559,8 @@ class Qwen3Engine:
                     else:
                         g = _swiglu(m, Activation(x))
                         h += m["q4_down"](Activation(g))
+                    if self.trace is not None:
+                        self.trace(layer, h)
             self.cache.pos = pos0 + T
             hs = h[-1:] if last_only else h
             hn = np.empty_like(hs)

@@ -6,12 +6,11 @@ vector is quantized to Q8_0 with ``quant.quantize_q8_0`` and dequantized again, 
 value the engine's integer dot products see. Dot products are then float64 matmuls. Agreement with
 the engine to ~1e-5 relative shows the kernels compute what they claim; any larger gap is a bug.
 
-``logit_agreement`` compares two sets of logits (say Q4_0 against F32 on the same prompt): mean and
-max KL divergence of the next-token distributions, top-1 agreement, max abs difference. This is the
-honest measure of quantization error — a greedy continuation can survive a large KL or break on a
-small one when two candidates are nearly tied.
+``logit_agreement`` (KL, top-1 agreement and max difference of two sets of logits) lives in
+``kestrel_lab.eval`` with the other measures of quantization error and is re-exported here, where
+day12_3 first uses it.
 Taught in day12_3 (the notebook checks its own 30-line forward against ``reference_logits`` and
-its KL / top-1 against ``logit_agreement``) and day25_2 (KL per quantization).
+its KL / top-1 against ``logit_agreement``).
 """
 from __future__ import annotations
 
@@ -19,6 +18,7 @@ import numpy as np
 
 from kestrel_lab import quant as Q
 from kestrel_lab.config import ModelConfig
+from kestrel_lab.eval import logit_agreement  # noqa: F401  (re-exported: one home for the agreement metrics)
 
 
 def _deq(t) -> np.ndarray:
@@ -93,23 +93,3 @@ def reference_logits(config: ModelConfig, tensors, ids) -> np.ndarray:
     hn = _rmsnorm(h, f32("final_norm")[0], eps)
     lm = tensors["q4_lm"]
     return (_act(hn, lm.qtype) @ _deq(lm).T).astype(np.float32)
-
-
-def logit_agreement(ref: np.ndarray, other: np.ndarray) -> dict:
-    """How far ``other`` logits (T, vocab) are from ``ref``: KL(ref‖other) of the softmaxes (mean, max,
-    in nats), top-1 agreement (fraction of positions whose argmax agrees), max abs difference and the
-    logits' scale. Taught in day12_3 (exercise A1 re-derives it) and day25_2.
-    """
-    ref = np.asarray(ref, np.float64).reshape(-1, np.shape(ref)[-1])
-    other = np.asarray(other, np.float64).reshape(ref.shape)
-
-    def logp(z):
-        z = z - z.max(-1, keepdims=True)
-        return z - np.log(np.exp(z).sum(-1, keepdims=True))
-
-    lp, lq = logp(ref), logp(other)
-    kl = (np.exp(lp) * (lp - lq)).sum(-1)
-    return {"kl_mean": float(kl.mean()), "kl_max": float(kl.max()),
-            "top1_agreement": float((ref.argmax(-1) == other.argmax(-1)).mean()),
-            "max_abs_diff": float(np.abs(ref - other).max()), "logit_scale": float(np.abs(ref).max()),
-            "positions": int(ref.shape[0])}
