@@ -39,6 +39,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from kestrel_lab import limits
 from kestrel_lab import quant as Q
 from kestrel_lab.config import ModelConfig
 from kestrel_lab.engine import kernels as K
@@ -46,6 +47,7 @@ from kestrel_lab.engine import registry
 from kestrel_lab.engine.attention import attend
 from kestrel_lab.engine.kv import ContextFullError, KVCache
 from kestrel_lab.engine.rope import apply_rope, rope_cos_sin
+from kestrel_lab.memory_check import check_memory, engine_needs
 from kestrel_lab.threads import numba_threads, resolve_threads
 from kestrel_lab.vqf.layout import text_specs
 
@@ -206,10 +208,18 @@ class Qwen3Engine:
     """
 
     def __init__(self, config: ModelConfig, tensors, *, max_context: int = 4096, threads: int | None = None,
-                 repack: bool = False, source: str = "<tensors>", keepalive=None, interleave: bool = True):
+                 repack: bool = False, source: str = "<tensors>", keepalive=None, interleave: bool = True,
+                 available_memory: int | None = None):
         if config.arch not in ("qwen3", "qwen3_vl"):
             raise ValueError(f"{source}: arch {config.arch!r} is not a dense Qwen3 (this engine runs qwen3 and "
                              f"the text tower of qwen3_vl)")
+        # The configuration within the one table of bounds and the context within the model's, before
+        # anything is sized from them (``kestrel_lab.limits``); then memory, before anything is allocated.
+        try:
+            limits.check_config(config)
+            context = limits.check_context(max_context, config.max_position_embeddings)
+        except limits.LimitError as e:
+            raise limits.LimitError(e.field, e.value, e.expected, e.why, where=source) from None
         self.config = config
         self.source = source
         self._keepalive = keepalive      # the mapped file must outlive the views
@@ -248,10 +258,20 @@ class Qwen3Engine:
         # (shared with every process that maps it) or copied at load into anonymous memory.
         self.bytes_in_place = {name: tensors[name].data.nbytes for name in specs}
         self.bytes_copied = {}
+        self.bytes_released = 0          # decrypted bytes given back after copying (an encrypted file)
         stacked, planes = {}, {}
+        # which matrices are copied at load (same byte count as the file's): "r32", "8x8l" or None
+        copy_as = {name: ("r32" if interleave and not repack and per_layer[name] % K.QR == 0 else
+                          "8x8l" if repack and tensors[name].rows % 8 == 0 else None)
+                   if tensors[name].qtype == Q.Q4_0.id else None for name in MATRICES + ("q4_lm",)}
+        copied = sum(tensors[name].data.nbytes for name, kind in copy_as.items() if kind)
+        per_token = KVCache.bytes_per_token_for(L, c.num_key_value_heads, hd)
+        check_memory(engine_needs(c, context, copied), source, available_memory,
+                     hint=f"lower max_context (each token costs {per_token:,} bytes of KV cache) or pass "
+                          f"interleave=False (no copies)")
         for name in MATRICES + ("q4_lm",):
             t = tensors[name]
-            if interleave and not repack and t.qtype == Q.Q4_0.id and per_layer[name] % K.QR == 0:
+            if copy_as[name] == "r32":
                 t0 = time.perf_counter()
                 src = t.data.reshape(t.rows, t.data.size // t.rows)
                 nb = t.cols // K.QK
@@ -264,7 +284,7 @@ class Qwen3Engine:
                 del self.bytes_in_place[name]
                 self.bytes_copied[name] = nib.nbytes + sc.nbytes
                 planes[name] = (nib, sc)
-            elif repack and t.qtype == Q.Q4_0.id and t.rows % 8 == 0:
+            elif copy_as[name] == "8x8l":
                 t0 = time.perf_counter()
                 src = t.data.reshape(t.rows, t.data.size // t.rows)
                 dst = np.empty(t.data.size, np.uint8)
@@ -298,7 +318,7 @@ class Qwen3Engine:
                               r32=split("q4_lm", 0, None))
         self.weight_qtypes = {name: Q.qtype(stacked[name].qtype).name for name in stacked}
 
-        self.max_context = int(min(max_context, c.max_position_embeddings))
+        self.max_context = context
         self.cache = KVCache(L, c.num_key_value_heads, hd, self.max_context)
         self._cos, self._sin = rope_cos_sin(np.arange(self.max_context), hd, c.rope_theta)
         self.stats = {"prefill_s": 0.0, "prefill_tokens": 0, "decode_s": 0.0, "decode_tokens": 0}
@@ -306,13 +326,19 @@ class Qwen3Engine:
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_vqf(cls, path, max_context: int = 4096, threads: int | None = None, repack: bool = False,
-                 interleave: bool = True) -> "Qwen3Engine":
-        """Open a VQF file (mmap, zero copy) and build the engine on it. Taught in day17_3."""
+                 interleave: bool = True, key_file=None, available_memory: int | None = None) -> "Qwen3Engine":
+        """Open a VQF file (mmap, zero copy) and build the engine on it. An encrypted file needs
+        ``key_file`` (or ``KESTREL_KEY_FILE``); its weights are decrypted into anonymous memory once
+        the tag matches (``vqf.protect``), and the decrypted originals of the matrices copied at load
+        are given back (``VQFFile.release``). Taught in day17_3 and day26_3."""
         from kestrel_lab.vqf.reader import open_vqf
 
-        f = open_vqf(path)
-        return cls(f.config, f.tensors, max_context=max_context, threads=threads, repack=repack,
-                   source=str(os.fspath(path)), keepalive=f, interleave=interleave)
+        f = open_vqf(path, key_file=key_file)
+        eng = cls(f.config, f.tensors, max_context=max_context, threads=threads, repack=repack,
+                  source=str(os.fspath(path)), keepalive=f, interleave=interleave,
+                  available_memory=available_memory)
+        eng.bytes_released = f.release(list(eng.bytes_copied))   # an encrypted file's decrypted originals
+        return eng
 
     @classmethod
     def from_tensors(cls, config: ModelConfig, tensors: dict, **kw) -> "Qwen3Engine":
@@ -339,7 +365,7 @@ class Qwen3Engine:
         return {"in_place_bytes": sum(self.bytes_in_place.values()),
                 "copied_at_load_bytes": sum(self.bytes_copied.values()),
                 "copied_tensors": sorted(self.bytes_copied), "in_place_tensors": sorted(self.bytes_in_place),
-                "copy_seconds": self.repack_seconds}
+                "copy_seconds": self.repack_seconds, "released_after_copy_bytes": self.bytes_released}
 
     def kernel_paths(self) -> dict:
         """Which registered kernel each product uses, by weight layout (and the whole-step kernel).
