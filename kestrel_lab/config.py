@@ -8,9 +8,13 @@ Taught in day01_2 (parameter counts) and day15_2 (the name map).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from kestrel_lab.limits import BOUND, LimitError, check_config
 
 ARCHS = {"qwen3": 1, "qwen3_vl": 2, "qwen3_moe": 3}
 
@@ -123,68 +127,203 @@ class ModelConfig:
     # ------------------------------------------------------------------ parsing
     @classmethod
     def from_hf(cls, source: str | Path | dict) -> "ModelConfig":
-        """Parse a ``config.json`` (a path, a model folder, or the loaded dict)."""
-        where = "config"
+        """Parse a ``config.json`` (a path, a model folder, or the loaded dict) and check it against
+        the bounds of ``kestrel_lab.limits`` before anything is computed from it.
+
+        Raises ``ConfigError`` naming the file, the JSON key (``text_config.rope_theta``), its line and
+        byte offset when the source is a file, and what was expected. Taught in day27_1.
+        """
+        where, text_src = "config", None
         if not isinstance(source, dict):
             path = Path(source)
             if path.is_dir():
                 path = path / "config.json"
             where = str(path)
             try:
-                source = json.loads(path.read_text(encoding="utf-8"))
+                text_src = path.read_bytes().decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ConfigError(f"{where}: not UTF-8 at byte {e.start}: {e.reason}") from None
+            try:
+                source = json.loads(text_src)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON at line {e.lineno}: {e.msg}") from e
-        cfg = source
-        model_type = cfg.get("model_type")
-        if model_type not in ARCHS:
-            raise ValueError(f"{where}: field 'model_type' is {model_type!r}; supported: {sorted(ARCHS)}")
-        text = cfg.get("text_config", cfg) if model_type == "qwen3_vl" else cfg
+                raise ConfigError(f"{where}: not valid JSON at line {e.lineno} (byte "
+                                  f"{len(text_src[:e.pos].encode())}): {e.msg}") from None
+            except RecursionError:
+                raise ConfigError(f"{where}: JSON nested deeper than the parser follows") from None
+            except ValueError as e:   # e.g. an integer of more than 4,300 digits
+                raise ConfigError(f"{where}: not usable JSON: {e}") from None
+        try:
+            return _parse(source, where, text_src)
+        except LimitError as e:
+            raise ConfigError(e.args[0]) from None
 
-        def need(d: dict, key: str, sect: str = ""):
-            if key not in d or d[key] is None:
-                raise ValueError(f"{where}: field '{sect}{key}' is missing")
-            return d[key]
 
-        sect = "text_config." if text is not cfg else ""
-        rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
-        theta = text.get("rope_theta", rope.get("rope_theta"))
-        if theta is None:
-            raise ValueError(f"{where}: neither '{sect}rope_theta' nor '{sect}rope_parameters.rope_theta' is set")
-        heads = need(text, "num_attention_heads", sect)
-        hidden = need(text, "hidden_size", sect)
-        tie = cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
-        vision = None
-        if model_type == "qwen3_vl":
-            v = need(cfg, "vision_config")
-            vision = VisionConfig(**{k: v[k] for k in VisionConfig.__dataclass_fields__ if k in v})
-        return cls(
-            arch=model_type,
-            vocab_size=need(text, "vocab_size", sect),
-            hidden_size=hidden,
-            intermediate_size=need(text, "intermediate_size", sect),
-            num_hidden_layers=need(text, "num_hidden_layers", sect),
-            num_attention_heads=heads,
-            num_key_value_heads=text.get("num_key_value_heads", heads),
-            head_dim=text.get("head_dim") or hidden // heads,
-            rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(theta),
-            max_position_embeddings=need(text, "max_position_embeddings", sect),
-            tie_word_embeddings=bool(tie),
-            bos_token_id=text.get("bos_token_id", cfg.get("bos_token_id")),
-            eos_token_id=_first(text.get("eos_token_id", cfg.get("eos_token_id"))),
-            mrope_section=list(rope["mrope_section"]) if "mrope_section" in rope else None,
-            mrope_interleaved=bool(rope.get("mrope_interleaved", False)),
-            # transformers 5 names it num_local_experts; the public Qwen3-MoE config.json num_experts
-            num_experts=(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
-            if model_type == "qwen3_moe" else 0,
-            num_experts_per_tok=cfg.get("num_experts_per_tok", 0) if model_type == "qwen3_moe" else 0,
-            moe_intermediate_size=cfg.get("moe_intermediate_size", 0) if model_type == "qwen3_moe" else 0,
-            # transformers' Qwen3MoeConfig defaults to False when the field is absent (30B-A3B sets true)
-            norm_topk_prob=bool(cfg.get("norm_topk_prob", model_type != "qwen3_moe")),
-            mlp_only_layers=_dense_layers(cfg, need(text, "num_hidden_layers", sect), where)
-            if model_type == "qwen3_moe" else [],
-            vision=vision,
-        )
+class ConfigError(ValueError):
+    """A config.json this package cannot use; names the file, the key, where it is and what was expected.
+
+    Taught in day27_1."""
+
+
+def _parse(cfg, where: str, text_src: str | None) -> ModelConfig:
+    """The checked ModelConfig of a loaded config.json (``text_src``: its text, to locate keys)."""
+    origin: dict[str, str] = {}
+
+    def fail(key_path: str, why: str):
+        at = _locate(text_src, key_path.split(".")) if text_src is not None else None
+        loc = f" at line {at[0]} (byte {at[1]})" if at else ""
+        raise ConfigError(f"{where}: field '{key_path}'{loc}: {why}")
+
+    def obj(d, key_path):
+        if not isinstance(d, dict):
+            fail(key_path, f"expected a JSON object, got {_kind(d)}")
+        return d
+
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{where}: the top level is {_kind(cfg)}, expected a JSON object")
+    model_type = cfg.get("model_type")
+    if not isinstance(model_type, str) or model_type not in ARCHS:
+        fail("model_type", f"is {model_type!r}; supported: {sorted(ARCHS)}")
+    vl = model_type == "qwen3_vl"
+    sect = "text_config." if vl and "text_config" in cfg else ""
+    text = obj(cfg.get("text_config"), "text_config") if sect else cfg
+
+    def get(d, key, prefix, field=None, default=_MISSING):
+        if key not in d or d[key] is None:
+            if default is _MISSING:
+                fail(prefix + key, "is missing")
+            return default
+        origin[field or key] = prefix + key
+        return d[key]
+
+    def num(d, key, prefix, field, default=_MISSING):
+        v = get(d, key, prefix, field, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            fail(origin.get(field, prefix + key), f"expected a number, got {_kind(v)}")
+        return float(v)
+
+    rope, rope_key = {}, None
+    for k in ("rope_parameters", "rope_scaling"):
+        if text.get(k) is not None:
+            rope, rope_key = obj(text[k], sect + k), sect + k
+            break
+    if text.get("rope_theta") is not None:
+        theta = num(text, "rope_theta", sect, "rope_theta")
+    elif rope.get("rope_theta") is not None:
+        theta = num(rope, "rope_theta", rope_key + ".", "rope_theta")
+    else:
+        fail(sect + "rope_theta", f"is missing (nor is '{sect}rope_parameters.rope_theta' set)")
+    heads = get(text, "num_attention_heads", sect)
+    hidden = get(text, "hidden_size", sect)
+    for field, v in (("num_attention_heads", heads), ("hidden_size", hidden)):
+        _bounded(field, v, origin, fail)
+    head_dim = get(text, "head_dim", sect, default=None)
+    if head_dim is None:
+        head_dim, origin["head_dim"] = hidden // heads, sect + "hidden_size"
+    tie = cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+    if not isinstance(tie, bool):
+        fail("tie_word_embeddings", f"expected true or false, got {_kind(tie)}")
+    mrope = None
+    if "mrope_section" in rope:
+        mrope = get(rope, "mrope_section", rope_key + ".")
+        if not isinstance(mrope, list):
+            fail(rope_key + ".mrope_section", f"expected a list of integers, got {_kind(mrope)}")
+    vision = None
+    if vl:
+        v = obj(get(cfg, "vision_config", ""), "vision_config")
+        kw = {}
+        for k in VisionConfig.__dataclass_fields__:
+            if k in v:
+                kw[k] = v[k]
+                origin["vision." + k] = "vision_config." + k
+        missing = [k for k, f in VisionConfig.__dataclass_fields__.items()
+                   if k not in kw and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        if missing:
+            fail("vision_config." + missing[0], "is missing")
+        if not isinstance(kw.get("hidden_act", ""), str):
+            fail("vision_config.hidden_act", f"expected a string, got {_kind(kw['hidden_act'])}")
+        vision = VisionConfig(**kw)
+    moe = model_type == "qwen3_moe"
+    experts_key = "num_experts" if cfg.get("num_experts") else "num_local_experts"
+    eos = _first(get(text, "eos_token_id", sect, default=cfg.get("eos_token_id")))
+    bos = get(text, "bos_token_id", sect, default=cfg.get("bos_token_id"))
+    for f in ("eos_token_id", "bos_token_id"):
+        origin.setdefault(f, f)
+    out = ModelConfig(
+        arch=model_type,
+        vocab_size=get(text, "vocab_size", sect),
+        hidden_size=hidden,
+        intermediate_size=get(text, "intermediate_size", sect),
+        num_hidden_layers=get(text, "num_hidden_layers", sect),
+        num_attention_heads=heads,
+        num_key_value_heads=get(text, "num_key_value_heads", sect, default=heads),
+        head_dim=head_dim,
+        rms_norm_eps=num(text, "rms_norm_eps", sect, "rms_norm_eps", default=1e-6),
+        rope_theta=theta,
+        max_position_embeddings=get(text, "max_position_embeddings", sect),
+        tie_word_embeddings=tie,
+        bos_token_id=bos,
+        eos_token_id=eos,
+        mrope_section=list(mrope) if mrope is not None else None,
+        mrope_interleaved=bool(rope.get("mrope_interleaved", False)),
+        # transformers 5 names it num_local_experts; the public Qwen3-MoE config.json num_experts
+        num_experts=get(cfg, experts_key, "", "num_experts", default=0) if moe else 0,
+        num_experts_per_tok=get(cfg, "num_experts_per_tok", "", default=0) if moe else 0,
+        moe_intermediate_size=get(cfg, "moe_intermediate_size", "", default=0) if moe else 0,
+        # transformers' Qwen3MoeConfig defaults to False when the field is absent (30B-A3B sets true)
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", model_type != "qwen3_moe")),
+        mlp_only_layers=_dense_layers(cfg, get(text, "num_hidden_layers", sect), where) if moe else [],
+        vision=vision,
+    )
+    if mrope is not None:
+        origin["mrope_section"] = rope_key + ".mrope_section"
+    origin.setdefault("num_key_value_heads", sect + "num_attention_heads")
+    try:
+        check_config(out)
+    except LimitError as e:
+        fail(origin.get(e.field, e.field), e.detail)
+    return out
+
+
+_MISSING = object()
+
+
+def _bounded(field, value, origin, fail):
+    try:
+        BOUND[field].check(value, field)
+    except LimitError as e:
+        fail(origin.get(field, field), e.detail)
+
+
+def _kind(v) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(v), f"{type(v).__name__} {v!r}")
+
+
+def _locate(text: str, path: list[str]) -> tuple[int, int] | None:
+    """(line, byte offset) of the value at ``path`` (object keys) in JSON ``text``; None if absent."""
+    dec = json.JSONDecoder()
+    ws = re.compile(r"[ \t\n\r]*")
+    pos = ws.match(text, 0).end()
+    try:
+        for key in path:
+            if text[pos:pos + 1] != "{":
+                return None
+            pos = ws.match(text, pos + 1).end()
+            while text[pos:pos + 1] == '"':
+                k, pos = json.decoder.scanstring(text, pos + 1)
+                pos = ws.match(text, pos).end() + 1           # the ':'
+                pos = ws.match(text, pos).end()
+                if k == key:
+                    break
+                _, pos = dec.raw_decode(text, pos)
+                pos = ws.match(text, pos).end()
+                if text[pos:pos + 1] == ",":
+                    pos = ws.match(text, pos + 1).end()
+            else:
+                return None
+    except (ValueError, RecursionError):
+        return None
+    return text.count("\n", 0, pos) + 1, len(text[:pos].encode("utf-8"))
 
 
 def _dense_layers(cfg: dict, n_layers: int, where: str) -> list[int]:

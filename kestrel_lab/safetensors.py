@@ -31,6 +31,7 @@ from typing import Iterator, Mapping
 import numpy as np
 
 from kestrel_lab.atomic import atomic_write
+from kestrel_lab.limits import BOUND
 from kestrel_lab.quant import bf16_to_f32, f32_to_bf16
 
 # dtype name → (numpy storage dtype, itemsize). BF16 is stored as its bit pattern (uint16); the
@@ -43,7 +44,7 @@ DTYPES: dict[str, tuple[str, int]] = {
     "U64": ("<u8", 8), "I64": ("<i8", 8), "F64": ("<f8", 8),
 }
 FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
-MAX_HEADER = 100 * 1024 * 1024  # the safetensors package's own limit: a larger "header" is corrupt
+MAX_HEADER = BOUND["safetensors.header_len"].hi  # 100 MiB, the safetensors package's own limit
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 
@@ -85,6 +86,14 @@ class _Duplicate(Exception):
     pass
 
 
+class _NotJson(Exception):
+    pass
+
+
+def _not_json(token: str):
+    raise _NotJson(token)
+
+
 def parse_header(head: bytes, file_size: int, where: str = "<safetensors>") -> tuple[int, dict, dict[str, TensorInfo]]:
     """Validate the first bytes of a file; return (data_start, metadata, tensors by name).
 
@@ -111,18 +120,27 @@ def parse_header(head: bytes, file_size: int, where: str = "<safetensors>") -> t
     except UnicodeDecodeError as e:
         raise SafetensorsError(f"{where}: header is not UTF-8 (byte {8 + e.start}: {e.reason})") from None
     try:
-        doc = json.loads(text.rstrip(" "), object_pairs_hook=_no_duplicates)
+        doc = json.loads(text.rstrip(" "), object_pairs_hook=_no_duplicates, parse_constant=_not_json)
     except _Duplicate as e:
         raise SafetensorsError(f"{where}: header (bytes 8..{8 + n}) names tensor {e.args[0]!r} twice") from None
+    except _NotJson as e:   # Python's json reads NaN/Infinity; JSON (and the safetensors package) does not
+        raise SafetensorsError(f"{where}: header (bytes 8..{8 + n}) is not valid JSON: {e.args[0]} is not a JSON "
+                               f"value") from None
     except json.JSONDecodeError as e:
         pos = 8 + len(text[:e.pos].encode("utf-8"))
         raise SafetensorsError(f"{where}: header is not valid JSON at byte {pos}: {e.msg}") from None
+    except RecursionError:
+        raise SafetensorsError(f"{where}: header (bytes 8..{8 + n}) nests JSON deeper than the parser follows; "
+                               f"expected a safetensors header (3 levels: name → entry → shape)") from None
+    except ValueError as e:   # e.g. an integer of more than 4,300 digits
+        raise SafetensorsError(f"{where}: header (bytes 8..{8 + n}) is not usable JSON: {e}") from None
     if not isinstance(doc, dict):
         raise SafetensorsError(f"{where}: header at byte 8 is not a JSON object")
     data_start = 8 + n
     data_size = file_size - data_start
 
-    metadata = doc.pop("__metadata__", None) or {}
+    metadata = doc.pop("__metadata__", None)
+    metadata = {} if metadata is None else metadata   # absent or null; [] or "" are not a map
     if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise SafetensorsError(f"{where}: field '__metadata__' must map strings to strings")
 
@@ -135,7 +153,7 @@ def parse_header(head: bytes, file_size: int, where: str = "<safetensors>") -> t
             if key not in e:
                 raise SafetensorsError(f"{tag}: field '{key}' is missing")
         dtype, shape, offs = e["dtype"], e["shape"], e["data_offsets"]
-        if dtype not in DTYPES:
+        if not isinstance(dtype, str) or dtype not in DTYPES:
             raise SafetensorsError(f"{tag}: unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
         if (not isinstance(shape, list) or
                 not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
@@ -328,7 +346,7 @@ class Checkpoint:
             doc = json.loads(index.read_text(encoding="utf-8"), object_pairs_hook=_no_duplicates)
         except _Duplicate as e:
             raise SafetensorsError(f"{index}: names tensor {e.args[0]!r} twice") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        except (ValueError, RecursionError) as e:   # JSONDecodeError and UnicodeDecodeError are ValueErrors
             raise SafetensorsError(f"{index}: not valid JSON: {e}") from None
         wm = doc.get("weight_map") if isinstance(doc, dict) else None
         if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):

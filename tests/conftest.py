@@ -1,6 +1,8 @@
 """Shared test settings: keep generated artefacts in a per-session cache, never in the repository.
 
 Helpers that tests import by name live in ``tests/helpers/`` (a conftest is not a module to import)."""
+import os
+
 import pytest
 
 
@@ -14,3 +16,13 @@ def data(tmp_path, monkeypatch):
     monkeypatch.setenv("KESTREL_DATA_DIR", str(d))
     monkeypatch.delenv(measure.STAGE_ENV, raising=False)
     return d
+
+
+def pytest_collection_modifyitems(config, items):
+    """The long fuzz run only when asked: ``-m fuzz_long`` or ``KESTREL_FUZZ_LONG=1``."""
+    if "fuzz_long" in (config.getoption("-m") or "") or os.environ.get("KESTREL_FUZZ_LONG") == "1":
+        return
+    skip = pytest.mark.skip(reason="long fuzz run: pass -m fuzz_long or set KESTREL_FUZZ_LONG=1")
+    for item in items:
+        if "fuzz_long" in item.keywords:
+            item.add_marker(skip)

@@ -50,7 +50,7 @@ def prompt_ids(vocab: int, n: int = PROMPT_TOKENS, seed: int = 1) -> list[int]:
 
 
 def engine_speed(path, threads: int, prompt_len: int = PROMPT_TOKENS, decode_tokens: int = DECODE_TOKENS,
-                 repack: bool = False, interleave: bool = True) -> dict:
+                 repack: bool = False, interleave: bool = True, key_file=None) -> dict:
     """Prefill tok/s of a ``prompt_len`` prompt and decode tok/s over ``decode_tokens`` greedy steps.
 
     A short warm-up first (it also pages the mapped weights in). ``repack``: run plain Q4_0 weights
@@ -61,7 +61,7 @@ def engine_speed(path, threads: int, prompt_len: int = PROMPT_TOKENS, decode_tok
 
     t0 = time.perf_counter()
     eng = Qwen3Engine.from_vqf(path, max_context=prompt_len + decode_tokens + 16, threads=threads, repack=repack,
-                               interleave=interleave)
+                               interleave=interleave, key_file=key_file)
     load_s = time.perf_counter() - t0
     ids = prompt_ids(eng.config.vocab_size, prompt_len)
     logits = eng.prefill(ids[:8])
@@ -262,8 +262,10 @@ def cold_start(path, numba_cache: str | None = None) -> dict:
 
 # ------------------------------------------------------------------------------ the whole run
 def run(config_path=None, quant: str = "q4_0", threads: list[int] | None = None, with_torch: bool = True,
-        decode_tokens: int = DECODE_TOKENS, log=print) -> dict:
-    """All the figures of one bench run, as a dict (what ``--json`` prints). Taught in day29_1."""
+        decode_tokens: int = DECODE_TOKENS, log=print, key_file=None) -> dict:
+    """All the figures of one bench run, as a dict (what ``--json`` prints). ``key_file``: also run the
+    engine on an SM4-encrypted copy of the model (``vqf.encrypt``; load time includes the tag check
+    and the decryption). Taught in day29_1."""
     from kestrel_lab.roofline import decode_ceiling, memory_bandwidth
     from kestrel_lab.threads import resolve_threads
 
@@ -297,6 +299,14 @@ def run(config_path=None, quant: str = "q4_0", threads: list[int] | None = None,
             log(f"engine on a Q4_8X8L copy, {t} thread(s) …")
             res.setdefault("engine_repacked", {})[t] = engine_speed(path, t, decode_tokens=decode_tokens, repack=True)
     res["weight_bytes_per_token"] = res["engine"][threads[-1]]["weight_bytes_per_token"]
+    if key_file:
+        from kestrel_lab.vqf.encrypt import encrypt_file
+
+        enc = path.with_name(path.stem + ".enc.vqf")
+        log(f"encrypting the model with {key_file} → {enc} …")
+        res["encrypt"] = encrypt_file(path, enc, key_file)
+        log(f"engine on the encrypted file, {threads[-1]} thread(s) …")
+        res["engine_encrypted"] = engine_speed(enc, threads[-1], decode_tokens=decode_tokens, key_file=key_file)
     if with_torch:
         try:
             import torch  # noqa: F401
@@ -343,6 +353,12 @@ def format_table(res: dict) -> str:
                  + (f" (split into {e['kernels'].get('q4_layout') or 'planes'} at load: {e['repack_s']:.2f} s)"
                     if e["repack_s"] else "")
                  + (f"; the Q4_8X8L copy costs {rp['repack_s']:.2f} s at load" if rp else ""))
+    ee = res.get("engine_encrypted")
+    if ee:
+        en = res["encrypt"]
+        lines.append(f"encrypted copy ({en['data_bytes'] / en['seconds'] / 1e6:.0f} MB/s to encrypt): load "
+                     f"{ee['load_s']:.2f} s vs {e['load_s']:.2f} s plain ({ee['load_s'] / e['load_s']:.1f}×), "
+                     f"decode {ee['decode_tok_s']:.1f} tok/s vs {e['decode_tok_s']:.1f}")
     tr = res.get("torch") or {}
     if "skipped" in tr:
         lines.append(f"PyTorch: {tr['skipped']}")

@@ -8,7 +8,8 @@ each turn a line with prefill and decode tok/s goes to stderr. It reads stdin li
 works with a pipe (``printf '你好\\n' | kestrel-lab chat model.vqf``).
 ``bench`` times decode and prefill against the machine's ceiling and PyTorch (``engine.bench``);
 ``golden check | update`` replays or regenerates the token ids each quantization must produce
-(``kestrel_lab.golden``).
+(``kestrel_lab.golden``). ``--key-file K`` (or ``KESTREL_KEY_FILE``) opens an SM4-encrypted VQF
+(``vqf.protect``); for ``bench`` it adds a run on an encrypted copy of the model.
 
 Taught in day13_1 (generate), day14_2 (chat), day29_1 (planned; bench) and day25_3 (golden).
 """
@@ -52,6 +53,8 @@ def _add_common(p: argparse.ArgumentParser, *, max_new: int, temperature: float)
                    help="the engine's vocab.bin (for --tokenizer greedy; default: compiled from the tokenizer.json)")
     p.add_argument("--ctx", type=int, default=4096, metavar="N", help="context limit in tokens (default 4096)")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="numba threads (default: all cores)")
+    p.add_argument("--key-file", metavar="K", default=None,
+                   help="key file of an SM4-encrypted VQF (default: $KESTREL_KEY_FILE; see `kestrel-lab vqf keygen`)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -98,6 +101,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--record", metavar="RUNNER", help="record the figures as day29_1 for RUNNER")
     b.add_argument("--layers", type=int, default=None, metavar="N",
                    help="a Qwen3-MoE config: keep its first N layers (per-layer figures scale to the whole model)")
+    b.add_argument("--key-file", metavar="K", default=None,
+                   help="also time the engine on an SM4-encrypted copy of the model (default: $KESTREL_KEY_FILE)")
     b.set_defaults(func=_bench)
 
     golden = sub.add_parser("golden", help="golden files: the token ids each quantization must produce")
@@ -125,7 +130,7 @@ def _load(args):
     if args.max_new < 0:
         raise ValueError(f"--max-new {args.max_new}: must be ≥ 0")
     params = _params(args)
-    engine = Qwen3Engine.from_vqf(args.model, max_context=args.ctx, threads=args.threads)
+    engine = Qwen3Engine.from_vqf(args.model, max_context=args.ctx, threads=args.threads, key_file=args.key_file)
     if args.tokenizer_json is None and args.vocab_bin is None:
         tok = Tokenizer.default(encoder=args.tokenizer)
     else:
@@ -241,7 +246,10 @@ def _bench(args) -> int:
     if args.layers is not None:
         print("--layers applies to a Qwen3-MoE --config", file=sys.stderr)
         return 2
-    res = run(args.config, args.quant, threads, args.torch, args.decode_tokens, log=log)
+    from kestrel_lab.vqf.protect import resolve_key_file
+
+    res = run(args.config, args.quant, threads, args.torch, args.decode_tokens, log=log,
+              key_file=resolve_key_file(args.key_file))
     if args.json:
         print(json.dumps(res, indent=1, default=str))
     else:

@@ -46,6 +46,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from kestrel_lab import limits
 from kestrel_lab import quant as Q
 from kestrel_lab.config import ModelConfig
 from kestrel_lab.engine import kernels as K
@@ -55,6 +56,7 @@ from kestrel_lab.engine import registry
 from kestrel_lab.engine.attention import attend
 from kestrel_lab.engine.kv import ContextFullError, KVCache
 from kestrel_lab.engine.rope import apply_rope, rope_cos_sin
+from kestrel_lab.memory_check import check_memory, engine_needs
 from kestrel_lab.threads import numba_threads, resolve_threads
 from kestrel_lab.vqf.layout import dense_ffn_name, text_specs
 
@@ -222,10 +224,17 @@ class Qwen3Engine:
 
     def __init__(self, config: ModelConfig, tensors, *, max_context: int = 4096, threads: int | None = None,
                  repack: bool = False, source: str = "<tensors>", keepalive=None, interleave: bool = True,
-                 expert_paging: str = "os"):
+                 expert_paging: str = "os", available_memory: int | None = None):
         if config.arch not in ("qwen3", "qwen3_vl", "qwen3_moe"):
             raise ValueError(f"{source}: arch {config.arch!r} is not a Qwen3 (this engine runs qwen3, qwen3_moe "
                              f"and the text tower of qwen3_vl)")
+        # The configuration within the one table of bounds and the context within the model's, before
+        # anything is sized from them (``kestrel_lab.limits``); then memory, before anything is allocated.
+        try:
+            limits.check_config(config)
+            context = limits.check_context(max_context, config.max_position_embeddings)
+        except limits.LimitError as e:
+            raise limits.LimitError(e.field, e.value, e.expected, e.why, where=source) from None
         self.config = config
         self.source = source
         self.expert_paging = expert_paging
@@ -272,14 +281,25 @@ class Qwen3Engine:
         # (shared with every process that maps it) or copied at load into anonymous memory.
         self.bytes_in_place = {name: tensors[name].data.nbytes for name in specs}
         self.bytes_copied = {}
+        self.bytes_released = 0          # decrypted bytes given back after copying (an encrypted file)
         stacked, planes = {}, {}
         # plain Q4_0 → the row-grouped layout this host's fastest kernels read (G rows per group)
         self.q4_layout = registry.q4_load_layout()
         G = registry.PLANE_LAYOUTS[self.q4_layout]
         split_q4 = K.repack_q4_0_to_r32 if self.q4_layout == "Q4_0_R32" else V.repack_q4_0_to_v16
+        # which matrices are copied at load (same byte count as the file's): "planes" (the host's row-grouped
+        # layout), "8x8l" or None
+        copy_as = {name: ("planes" if interleave and not repack and per_layer[name] % G == 0 else
+                          "8x8l" if repack and tensors[name].rows % 8 == 0 else None)
+                   if tensors[name].qtype == Q.Q4_0.id else None for name in linear_names}
+        copied = sum(tensors[name].data.nbytes for name, kind in copy_as.items() if kind)
+        per_token = KVCache.bytes_per_token_for(L, c.num_key_value_heads, hd)
+        check_memory(engine_needs(c, context, copied), source, available_memory,
+                     hint=f"lower max_context (each token costs {per_token:,} bytes of KV cache) or pass "
+                          f"interleave=False (no copies)")
         for name in linear_names:
             t = tensors[name]
-            if interleave and not repack and t.qtype == Q.Q4_0.id and per_layer[name] % G == 0:
+            if copy_as[name] == "planes":
                 t0 = time.perf_counter()
                 src = t.data.reshape(t.rows, t.data.size // t.rows)
                 nb = t.cols // K.QK
@@ -292,7 +312,7 @@ class Qwen3Engine:
                 del self.bytes_in_place[name]
                 self.bytes_copied[name] = nib.nbytes + sc.nbytes
                 planes[name] = (nib, sc)
-            elif repack and t.qtype == Q.Q4_0.id and t.rows % 8 == 0:
+            elif copy_as[name] == "8x8l":
                 t0 = time.perf_counter()
                 src = t.data.reshape(t.rows, t.data.size // t.rows)
                 dst = np.empty(t.data.size, np.uint8)
@@ -337,7 +357,7 @@ class Qwen3Engine:
             self.weight_qtypes.update({n: Q.qtype(tensors[n].qtype).name
                                        for n in ("moe_router", "q4_gate_exps", "q4_up_exps", "q4_down_exps")})
 
-        self.max_context = int(min(max_context, c.max_position_embeddings))
+        self.max_context = context
         self.cache = KVCache(L, c.num_key_value_heads, hd, self.max_context)
         self._cos, self._sin = rope_cos_sin(np.arange(self.max_context), hd, c.rope_theta)
         self.stats = {"prefill_s": 0.0, "prefill_tokens": 0, "decode_s": 0.0, "decode_tokens": 0}
@@ -366,14 +386,21 @@ class Qwen3Engine:
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_vqf(cls, path, max_context: int = 4096, threads: int | None = None, repack: bool = False,
-                 interleave: bool = True, expert_paging: str = "os") -> "Qwen3Engine":
-        """Open a VQF file (mmap, zero copy) and build the engine on it. ``expert_paging`` (Qwen3-MoE):
-        "os" or "exact" (see ``engine.moe``). Taught in day17_3."""
+                 interleave: bool = True, expert_paging: str = "os", key_file=None,
+                 available_memory: int | None = None) -> "Qwen3Engine":
+        """Open a VQF file (mmap, zero copy) and build the engine on it. An encrypted file needs
+        ``key_file`` (or ``KESTREL_KEY_FILE``); its weights are decrypted into anonymous memory once
+        the tag matches (``vqf.protect``), and the decrypted originals of the matrices copied at load
+        are given back (``VQFFile.release``). ``expert_paging`` (Qwen3-MoE): "os" or "exact" (see ``engine.moe``).
+        Taught in day17_3 and day26_3."""
         from kestrel_lab.vqf.reader import open_vqf
 
-        f = open_vqf(path)
-        return cls(f.config, f.tensors, max_context=max_context, threads=threads, repack=repack,
-                   source=str(os.fspath(path)), keepalive=f, interleave=interleave, expert_paging=expert_paging)
+        f = open_vqf(path, key_file=key_file)
+        eng = cls(f.config, f.tensors, max_context=max_context, threads=threads, repack=repack,
+                  source=str(os.fspath(path)), keepalive=f, interleave=interleave,
+                  expert_paging=expert_paging, available_memory=available_memory)
+        eng.bytes_released = f.release(list(eng.bytes_copied))   # an encrypted file's decrypted originals
+        return eng
 
     @classmethod
     def from_tensors(cls, config: ModelConfig, tensors: dict, **kw) -> "Qwen3Engine":
@@ -400,7 +427,7 @@ class Qwen3Engine:
         out = {"in_place_bytes": sum(self.bytes_in_place.values()),
                "copied_at_load_bytes": sum(self.bytes_copied.values()),
                "copied_tensors": sorted(self.bytes_copied), "in_place_tensors": sorted(self.bytes_in_place),
-               "copy_seconds": self.repack_seconds}
+               "copy_seconds": self.repack_seconds, "released_after_copy_bytes": self.bytes_released}
         if self.moe_layers:   # Qwen3-MoE: the experts are never copied; a token pages in only its own
             out["experts_in_place_bytes"] = sum(self.bytes_in_place.get(n, 0) for n in
                                                 ("q4_gate_exps", "q4_up_exps", "q4_down_exps"))

@@ -10,6 +10,8 @@ Taught in day18_2.
 """
 from __future__ import annotations
 
+import contextlib
+import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,9 +19,11 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
+from kestrel_lab.limits import BOUND, LimitError
+
 HEADER_BYTES = 4            # u32 N
 RECORD_HEADER_BYTES = 6     # u32 token_id + u16 len
-DEFAULT_MAX_ENTRIES = 1 << 20
+DEFAULT_MAX_ENTRIES = BOUND["vocab_bin.N"].hi   # the one table of bounds (kestrel_lab.limits)
 
 # Status codes of the scan kernel (0 = fine).
 _TRUNC_HEADER, _TRUNC_BYTES, _ID_RANGE, _DUPLICATE, _EMPTY_TOKEN = 1, 2, 3, 4, 5
@@ -136,6 +140,11 @@ def parse_vocab_bin(buf: bytes | np.ndarray, *, where: str = "<bytes>", max_entr
     if size < HEADER_BYTES:
         fail(f"truncated header: field N (u32 entry count) at offset 0 needs 4 bytes, the file has {size}")
     n = int(arr[:4].view("<u4")[0])
+    if id_limit is not None:
+        try:
+            BOUND["vocab_size"].check(id_limit, "id_limit")
+        except LimitError as e:
+            raise VocabFormatError(f"{where}: parameter id_limit: {e.detail}") from None
     if n > max_entries:
         fail(f"field N at offset 0 is {n:,}, above the limit of {max_entries:,} entries")
     capacity = (size - HEADER_BYTES) // (RECORD_HEADER_BYTES + 1)
@@ -180,5 +189,16 @@ def load_vocab_bin(path: str | os.PathLike, *, max_entries: int = DEFAULT_MAX_EN
     ids without a record get no bytes. Taught in day18_2.
     """
     path = Path(path)
-    return parse_vocab_bin(np.fromfile(path, dtype=np.uint8), where=str(path), max_entries=max_entries,
-                           id_limit=id_limit)
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size == 0:
+            return parse_vocab_bin(b"", where=str(path), max_entries=max_entries, id_limit=id_limit)
+        # mapped, not read: pass 1 touches only the record headers, and a huge file costs no memory
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        return parse_vocab_bin(np.frombuffer(mm, dtype=np.uint8), where=str(path), max_entries=max_entries,
+                               id_limit=id_limit)
+    finally:
+        # the result holds copies; a failure's traceback may still hold a view (numpy then frees it)
+        with contextlib.suppress(BufferError):
+            mm.close()

@@ -1,4 +1,8 @@
-"""``kestrel-lab vqf plan | inspect | verify | dump | spec``: the VQF tools on the command line."""
+"""``kestrel-lab vqf plan | inspect | verify | dump | spec | keygen | encrypt | decrypt``: the VQF tools.
+
+``keygen``, ``encrypt``, ``decrypt`` and ``verify --key-file`` are the weight-protection commands
+(``vqf.protect``, ``vqf.encrypt``); ``--key-file`` defaults to the ``KESTREL_KEY_FILE`` variable.
+"""
 from __future__ import annotations
 
 import argparse
@@ -26,9 +30,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     i.add_argument("--fields", action="store_true", help="also print every header field with its offset")
     i.set_defaults(func=_inspect)
 
-    v = act.add_parser("verify", help="recompute the FNV-1a 64 over directory + data and compare")
+    v = act.add_parser("verify", help="plain file: recompute the FNV-1a 64 over directory + data and compare; "
+                                      "encrypted file: check its HMAC-SM3 tag (needs --key-file)")
     v.add_argument("file")
+    v.add_argument("--key-file", metavar="K", default=None,
+                   help="key file of an encrypted file (default: $KESTREL_KEY_FILE)")
     v.set_defaults(func=_verify)
+
+    k = act.add_parser("keygen", help="write a new random SM4 key file (32 hex characters, mode 0600)")
+    k.add_argument("-o", "--output", required=True, metavar="K", help="the key file to create (never overwritten)")
+    k.set_defaults(func=_keygen)
+
+    for name, what in (("encrypt", "SM4-CTR encrypt a plain VQF file and seal it with an HMAC-SM3 tag"),
+                       ("decrypt", "check the tag and decrypt into the original plain VQF file (bit-identical)")):
+        e = act.add_parser(name, help=what)
+        e.add_argument("file", metavar="IN.vqf")
+        e.add_argument("-o", "--output", required=True, metavar="OUT.vqf")
+        e.add_argument("--key-file", metavar="K", default=None, help="the key file (default: $KESTREL_KEY_FILE)")
+        e.set_defaults(func=_crypt, action=name)
 
     d = act.add_parser("dump", help="od -A x -t x1 style dump of a directory entry or a byte range")
     d.add_argument("file")
@@ -69,8 +88,46 @@ def _inspect(args) -> int:
     return 0 if all(c.ok for c in checks) else 1
 
 
+def _key_file(args):
+    from kestrel_lab.vqf.protect import ENV_KEY_FILE, resolve_key_file
+
+    path = resolve_key_file(args.key_file)
+    if path is None:
+        raise ValueError(f"{args.file}: no key: pass --key-file K or set {ENV_KEY_FILE}")
+    return path
+
+
+def _keygen(args) -> int:
+    from kestrel_lab.vqf.protect import key_id, read_key_file, write_key_file
+
+    path = write_key_file(args.output)
+    print(f"wrote {path} (mode 0600, key id {key_id(read_key_file(path)).hex()}); keep it off shared storage "
+          f"and out of version control")
+    return 0
+
+
+def _crypt(args) -> int:
+    from kestrel_lab.vqf.encrypt import decrypt_file, encrypt_file
+
+    fn = encrypt_file if args.action == "encrypt" else decrypt_file
+    r = fn(args.file, args.output, _key_file(args))
+    print(f"{args.action}ed {args.file} -> {args.output}: {r['bytes']:,} bytes in {r['seconds']:.2f} s "
+          f"({r['data_bytes'] / r['seconds'] / 1e6:.0f} MB/s of data area)"
+          + (f", key id {r['key_id']}" if "key_id" in r else ""))
+    return 0
+
+
 def _verify(args) -> int:
+    import os
+
+    from kestrel_lab.vqf.encrypt import is_encrypted, verify_file as verify_tag
     from kestrel_lab.vqf.reader import open_vqf, verify_file
+
+    if is_encrypted(args.file):
+        seconds = verify_tag(args.file, _key_file(args))
+        size = os.path.getsize(args.file)
+        print(f"tag (HMAC-SM3) match=YES ({seconds:.2f} s, {size / seconds / 1e9:.2f} GB/s)")
+        return 0
 
     with open_vqf(args.file, verify=False) as vf:
         h = vf.header

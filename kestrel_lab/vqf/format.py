@@ -8,7 +8,8 @@ A VQF file, little-endian throughout::
     448    directory: n_tensors entries of 64 bytes  (448 = (432 + 63) & ~63)
     D      data area, D = round_up(448 + 64·n, 4096): tensors in directory order, each 64-byte
            aligned, offset[i+1] = round64(offset[i] + bytes[i]); the last one ends at file_len
-    file_len   8-byte FNV-1a 64 of the directory bytes then of [data_offset, file_len)
+    file_len   8-byte FNV-1a 64 of the directory bytes then of [data_offset, file_len); an encrypted
+               file (flag ENCRYPTED) ends with a 32-byte HMAC-SM3 tag instead (``vqf.protect``)
 
 The fields are declared once, below (``HEADER_FIELDS``, ``ENTRY_FIELDS``, ``FLAGS``); the writer
 packs with them, the reader unpacks and checks with them, and book/formats/vqf.md shows tables
@@ -24,6 +25,7 @@ import datetime as _dt
 import struct
 from dataclasses import dataclass
 
+from kestrel_lab import limits
 from kestrel_lab.config import ARCHS, ModelConfig, VisionConfig
 from kestrel_lab.quant import QTYPES
 
@@ -40,9 +42,10 @@ ENTRY_FORMAT = "<32sIII4xQQ"            # name[32], qtype, rows, cols, pad, offs
 TENSOR_ALIGN = 64
 PAGE = 4096
 TRAILER_BYTES = 8                       # FNV-1a 64 of a plain file
+TAG_BYTES = 32                          # HMAC-SM3 tag of an encrypted file (flag ENCRYPTED)
 NAME_BYTES = 32                         # name[32]: at most 31 bytes + NUL
 NONE_U32 = 0xFFFFFFFF                   # "no token id"
-MAX_TENSORS = 1 << 16                   # more entries than any model has: a corrupt count
+MAX_TENSORS = limits.BOUND["vqf.n_tensors"].hi   # more entries than any model has: a corrupt count
 
 VISION_ACTS = {1: "gelu_pytorch_tanh", 2: "gelu", 3: "quick_gelu", 4: "silu"}
 VISION_ACT_IDS = {v: k for k, v in VISION_ACTS.items()}
@@ -99,8 +102,8 @@ class Flag:
 FLAGS = (
     Flag(0, "FNV_TRAILER", "the file ends with the 8-byte FNV-1a 64 of directory + data (plain file); "
                            "set in every file this version writes"),
-    Flag(1, "ENCRYPTED", "data area SM4-encrypted, 32-byte HMAC-SM3 tag instead of the FNV trailer "
-                         "(reserved: this reader rejects it)"),
+    Flag(1, "ENCRYPTED", "data area SM4-CTR encrypted, 32-byte HMAC-SM3 tag instead of the FNV trailer "
+                         "(FNV_TRAILER clear; opened with a key file, see kestrel_lab.vqf.protect)"),
     Flag(2, "VISION", "the file carries a vision tower: vision_depth > 0 and v_* tensors present"),
     Flag(3, "REPACKED_8X8", "at least one tensor is stored as Q4_8X8L (rows interleaved 8 at a time "
                             "at conversion, so the loader never repacks)"),
@@ -144,7 +147,7 @@ HEADER_FIELDS: tuple[Field, ...] = (
     # ---- identity (fixed by the article)
     Field(0, "magic", "4s", "the bytes 'VQF\\0' (u32 0x00465156)", "== 'VQF\\0'"),
     Field(4, "version", "I", "format version", "== 2"),
-    Field(8, "flags", "I", "FLAG bits (table below)", "no unknown bit; ENCRYPTED unsupported; FNV_TRAILER set"),
+    Field(8, "flags", "I", "FLAG bits (table below)", "no unknown bit; exactly one of FNV_TRAILER, ENCRYPTED"),
     Field(12, "n_tensors", "I", "directory entries", f"448 + 64·n <= file size, n <= {MAX_TENSORS}"),
     # ---- model configuration (ModelConfig), text model
     Field(16, "arch", "I", "architecture: 1 qwen3, 2 qwen3_vl, 3 qwen3_moe", "known id"),
@@ -185,7 +188,8 @@ HEADER_FIELDS: tuple[Field, ...] = (
     Field(176, "entry_size", "I", "bytes per directory entry", "== 64"),
     Field(180, "reserved0", "I", "reserved", "== 0"),
     Field(184, "data_offset", "Q", "start of the data area", "% 4096 == 0, >= 448 + 64·n"),
-    Field(192, "file_len", "Q", "end of the data area (the trailer starts here)", "file size == file_len + 8"),
+    Field(192, "file_len", "Q", "end of the data area (the trailer starts here)",
+          "file size == file_len + 8 (plain) or + 32 (encrypted)"),
     # ---- VQFSig: provenance of the conversion
     Field(200, "sig_magic", "4s", "the bytes 'VSIG'", "== 'VSIG'"),
     Field(204, "sig_version", "I", "VQFSig layout version", "== 1"),
@@ -197,7 +201,15 @@ HEADER_FIELDS: tuple[Field, ...] = (
     Field(352, "quant", "16s", "quantization asked for ('q4_0', 'q8_0', …)", "NUL-padded UTF-8"),
     Field(368, "source_dtype", "16s", "dtype of the source weights ('bf16', 'f32', …)", "NUL-padded UTF-8"),
     Field(384, "n_source_files", "I", "source weight files hashed"),
-    Field(388, "reserved1", "44s", "reserved (room for the encryption nonce and key id)", "all zero"),
+    # ---- protection (kestrel_lab.vqf.protect): all zero in a plain file
+    Field(388, "enc_alg", "I", "encryption scheme: 0 plain, 1 SM4-128-CTR + HMAC-SM3, keys by HKDF-SM3",
+          "0 if plain; known id if ENCRYPTED"),
+    Field(392, "enc_iv", "16s", "SM4-CTR initial counter block of data-area byte 0 (random per file)",
+          "zero if plain"),
+    Field(408, "enc_salt", "16s", "HKDF-SM3 salt deriving this file's SM4 and HMAC keys (random per file)",
+          "zero if plain"),
+    Field(424, "key_id", "8s", "first 8 bytes of SM3(key): which key file opens it (the key is never stored)",
+          "zero if plain; non-zero if ENCRYPTED"),
 )
 HEADER_FIELD = {f.name: f for f in HEADER_FIELDS}
 HEADER_FORMAT = "<" + "".join(f.code for f in HEADER_FIELDS)
@@ -349,7 +361,7 @@ def pack_header(config: ModelConfig, *, flags: int, n_tensors: int, data_offset:
         "quant": pack_str(quant, 16, "quant"),
         "source_dtype": pack_str(str(source.get("dtype") or ""), 16, "source_dtype"),
         "n_source_files": int(source.get("n_files") or 0),
-        "reserved1": b"\x00" * 44,
+        "enc_alg": 0, "enc_iv": b"\x00" * 16, "enc_salt": b"\x00" * 16, "key_id": b"\x00" * 8,
     })
     args = []
     for f in HEADER_FIELDS:
@@ -414,7 +426,7 @@ def config_from_header(h: dict, where: str = "") -> ModelConfig:
     if (arch == "qwen3_vl") != (vision is not None):
         bad("vision_depth", f"arch {arch} {'needs' if arch == 'qwen3_vl' else 'cannot have'} a vision tower")
     tok = lambda v: None if v == NONE_U32 else v  # noqa: E731
-    return ModelConfig(
+    cfg = ModelConfig(
         arch=arch, vocab_size=h["vocab_size"], hidden_size=h["hidden_size"],
         intermediate_size=h["intermediate_size"], num_hidden_layers=h["num_hidden_layers"],
         num_attention_heads=h["num_attention_heads"], num_key_value_heads=h["num_key_value_heads"],
@@ -426,6 +438,37 @@ def config_from_header(h: dict, where: str = "") -> ModelConfig:
         num_experts=h["num_experts"], num_experts_per_tok=h["num_experts_per_tok"],
         moe_intermediate_size=h["moe_intermediate_size"], norm_topk_prob=bool(h["model_bits"] & 4),
         vision=vision)
+    # Every count, width and float within the one table of bounds, before anything is planned from it.
+    try:
+        limits.check_config(cfg)
+    except limits.LimitError as e:
+        bad(header_field_of(e.field), e.detail)
+    return cfg
+
+
+def _bound_rule(header_field: str) -> str:
+    """The bound of the config field a header field stores, as the spec table shows it ('' if none)."""
+    path = {"deepstack_visual_indexes": "vision.deepstack_visual_indexes", "created": "vqf.created"}.get(
+        header_field, header_field.replace("vision_", "vision.", 1))
+    b = limits.BOUND.get(path)
+    if b is None:
+        return ""
+    lo, hi = (f"{b.lo:g}", f"{b.hi:g}") if b.kind == "float" else (f"{b.lo:,}", f"{b.hi:,}")
+    extra = {"bos_token_id": " 或 0xFFFFFFFF", "eos_token_id": " 或 0xFFFFFFFF", "mrope_section": "（非零的各段）",
+             "deepstack_visual_indexes": "（前 n_deepstack 个）"}.get(header_field, "")
+    return f"[{lo}, {hi}]{extra}（界限表）" + ("，有限数" if b.kind == "float" else "")
+
+
+def header_field_of(config_field: str) -> str:
+    """The header field that stores a ``ModelConfig`` field (``vision.depth`` → ``vision_depth``).
+
+    Taught in day27_1."""
+    if config_field == "vision.deepstack_visual_indexes":
+        return "deepstack_visual_indexes"
+    if config_field == "vision":
+        return "vision_depth"
+    name = config_field.replace("vision.", "vision_", 1)
+    return name if name in HEADER_FIELD else "arch"
 
 
 def source_from_header(h: dict, where: str = "") -> dict:
@@ -434,6 +477,11 @@ def source_from_header(h: dict, where: str = "") -> dict:
         return unpack_str(h[name], name, HEADER_FIELD[name].offset, where)
 
     created = h["created"]
+    try:
+        limits.check_value("vqf.created", created, "created")
+    except limits.LimitError as e:
+        raise VQFFormatError(f"{where + ': ' if where else ''}field created at offset "
+                             f"{HEADER_FIELD['created'].offset}: {e.detail}") from None
     return {
         "tool": s("tool"), "model": s("source_model"),
         "sha256": h["source_sha256"].hex() if any(h["source_sha256"]) else None,
@@ -460,7 +508,7 @@ def spec_tables() -> dict[str, str]:
         rows = ["| 偏移 | 字节 | 类型 | 字段 | 含义 | 读取时的要求 |", "|---:|---:|---|---|---|---|"]
         for f in fields:
             rows.append(f"| {base + f.offset} | {f.size} | {f.ctype} | `{f.name}` | {f.meaning} | "
-                        f"{f.rule or '—'} |")
+                        f"{f.rule or _bound_rule(f.name) or '—'} |")
         return "\n".join(rows)
 
     header = [f for f in HEADER_FIELDS if f.offset < 200]
@@ -481,6 +529,7 @@ def spec_tables() -> dict[str, str]:
                 f"每条 {ENTRY_SIZE} 字节，struct 格式串 `{ENTRY_FORMAT}`",
                 f"- 数据区起点 data_offset = round_up({DIR_OFFSET} + {ENTRY_SIZE}·n, {PAGE})；"
                 f"张量起点 {TENSOR_ALIGN} 字节对齐",
-                f"- 明文文件尾部 {TRAILER_BYTES} 字节 FNV-1a 64；文件大小 = file_len + {TRAILER_BYTES}",
+                f"- 明文文件尾部 {TRAILER_BYTES} 字节 FNV-1a 64；文件大小 = file_len + {TRAILER_BYTES}；"
+                f"加密文件尾部 {TAG_BYTES} 字节 HMAC-SM3 标签；文件大小 = file_len + {TAG_BYTES}",
                 f"- vision_hidden_act：{acts}；n_tensors 上限 {MAX_TENSORS}",
             ])}

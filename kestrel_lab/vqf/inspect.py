@@ -120,12 +120,13 @@ def assertions(p: Parsed) -> list[Check]:
     area = h["file_len"] - h["data_offset"]
     out.append(Check("sum", "directory bytes sum == file_len - data_offset", total == area,
                      f"{total:,} vs {area:,}" + ("" if total == area else " (padding between tensors)")))
+    t = F.TAG_BYTES if h["flags"] & F.FLAG["ENCRYPTED"] else F.TRAILER_BYTES   # HMAC-SM3 tag or FNV-1a 64
     if p.header_only:
-        out.append(Check("size", "file size == file_len + 8", True,
-                         f"header-only file ({p.size:,} B): the full file would be {h['file_len'] + 8:,} B"))
+        out.append(Check("size", f"file size == file_len + {t}", True,
+                         f"header-only file ({p.size:,} B): the full file would be {h['file_len'] + t:,} B"))
     else:
-        out.append(Check("size", "file size == file_len + 8", p.size == h["file_len"] + 8,
-                         f"{p.size:,} vs {h['file_len'] + 8:,}"))
+        out.append(Check("size", f"file size == file_len + {t}", p.size == h["file_len"] + t,
+                         f"{p.size:,} vs {h['file_len'] + t:,}"))
     return out
 
 
@@ -136,7 +137,9 @@ def report(p: Parsed, checks: list[Check] | None = None) -> str:
              f"data_off={h['data_offset']} file_len={h['file_len']} size={p.size}"]
     for e in p.entries:
         lines.append(f"[{e.index:2}] {e.name:<18} qt={e.qtype} {e.rows}x{e.cols} off={e.offset} bytes={e.nbytes}")
-    if p.trailer is not None:
+    if p.trailer is not None and h["flags"] & F.FLAG["ENCRYPTED"]:
+        lines.append("trailer: 32-byte HMAC-SM3 tag (encrypted file; check it with `vqf verify --key-file`)")
+    elif p.trailer is not None:
         lines.append(f"trailer (FNV-1a 64 stored) = {p.trailer:016x}")
     for c in checks if checks is not None else assertions(p):
         lines.append(f"{'PASS' if c.ok else 'FAIL'} ({c.number}) {c.what}: {c.detail}")

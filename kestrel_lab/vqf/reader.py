@@ -27,11 +27,14 @@ import numpy as np
 
 from kestrel_lab import quant as Q
 from kestrel_lab.config import ModelConfig
+from kestrel_lab.memory_check import check_memory
 from kestrel_lab.vqf import format as F
+from kestrel_lab.vqf import protect
 from kestrel_lab.vqf.checksum import hash_ranges, warm_up as checksum_warm_up
 from kestrel_lab.vqf.format import VQFFormatError
 
 ENV_CHECK = "KESTREL_VQF_CHECK"
+_NO_DATA = np.empty(0, np.uint8)   # an entry's data until the whole file has been checked
 
 
 @dataclass
@@ -77,12 +80,19 @@ class VQFFile:
         self.unknown = unknown
         self.missing = missing
         self.entries = entries
-        self.checksum = checksum  # the stored trailer
+        self.checksum = checksum  # the stored trailer (None in an encrypted file)
         self.verified = verified
+        self.tag: bytes | None = None  # an encrypted file's HMAC-SM3 tag (checked before any tensor is handed out)
 
     @property
     def flags(self) -> int:
         return self.header["flags"]
+
+    @property
+    def encrypted(self) -> bool:
+        """True for an SM4-encrypted file: its tensors are views of decrypted anonymous memory, not of
+        the file. Taught in day26_2."""
+        return bool(self.flags & F.FLAG["ENCRYPTED"])
 
     @property
     def data_offset(self) -> int:
@@ -110,6 +120,24 @@ class VQFFile:
     def __contains__(self, name: str) -> bool:
         return name in self.tensors
 
+    def release(self, names) -> int:
+        """Give back the decrypted pages of tensors a caller has copied and will not read again (an
+        encrypted file only: its tensors live in anonymous memory, a plain file's pages are the page
+        cache's). The names leave ``tensors``; returns the bytes given back. Taught in day26_3."""
+        if not self.encrypted or self._mm is None:
+            return 0
+        page, freed = mmap.PAGESIZE, 0
+        for name in names:
+            t = self.tensors.pop(name, None)
+            if t is None:
+                continue
+            lo, hi = -(-t.offset // page) * page, (t.offset + t.nbytes) // page * page
+            t.data = t.data[:0]
+            if hi > lo:
+                self._mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)   # private anonymous: the pages are freed
+                freed += hi - lo
+        return freed
+
     def close(self) -> None:
         """Drop the views and unmap. If arrays obtained from this file are still alive, the mapping
         stays until they are garbage-collected (numpy holds it); nothing is invalidated under them."""
@@ -135,12 +163,15 @@ def _env_verify() -> bool:
     return os.environ.get(ENV_CHECK, "").strip() not in ("", "0", "false", "no")
 
 
-def open_vqf(path: str | os.PathLike, verify: bool | None = None) -> VQFFile:
+def open_vqf(path: str | os.PathLike, verify: bool | None = None, key_file: str | os.PathLike | None = None) -> VQFFile:
     """Map ``path``, check header and directory, return the tensors by name.
 
     ``verify``: also recompute the FNV-1a 64 over directory + data (reads the whole file); None →
-    the ``KESTREL_VQF_CHECK`` environment variable decides. Raises ``VQFFormatError`` naming the
-    file, the field and its byte offset. Taught in day16_3 and day17_3.
+    the ``KESTREL_VQF_CHECK`` environment variable decides. An encrypted file (flag ENCRYPTED) needs
+    ``key_file`` (or ``KESTREL_KEY_FILE``): its HMAC-SM3 tag is always checked while the data area
+    is decrypted into anonymous memory, and its tensors are views of that memory
+    (``vqf.protect.decrypt_image``). Raises ``VQFFormatError`` naming the file, the field and its
+    byte offset. Taught in day16_3, day17_3 and day26_2.
     """
     path = Path(path)
     if verify is None:
@@ -152,7 +183,7 @@ def open_vqf(path: str | os.PathLike, verify: bool | None = None) -> VQFFile:
                                  f"(offset {size}: truncated or not a VQF file)")
         mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
     try:
-        return _parse(path, mm, size, verify)
+        return _parse(path, mm, size, verify, key_file)
     except BaseException:
         # Views made before the failure live on in the traceback's frames; numpy then holds the
         # mapping and frees it with them.
@@ -161,7 +192,7 @@ def open_vqf(path: str | os.PathLike, verify: bool | None = None) -> VQFFile:
         raise
 
 
-def _parse(path: Path, mm: mmap.mmap, size: int, verify: bool) -> VQFFile:
+def _parse(path: Path, mm: mmap.mmap, size: int, verify: bool, key_file=None) -> VQFFile:
     where = str(path)
 
     def bad(field_name: str, offset: int, why: str):
@@ -184,10 +215,8 @@ def _parse(path: Path, mm: mmap.mmap, size: int, verify: bool) -> VQFFile:
     if flags & ~F.KNOWN_FLAGS:
         hbad("flags", f"0x{flags:x} sets unknown bits 0x{flags & ~F.KNOWN_FLAGS:x} (known: "
                       f"{', '.join(f'{f.name}=0x{f.mask:x}' for f in F.FLAGS)})")
-    if flags & F.FLAG["ENCRYPTED"]:
-        hbad("flags", "ENCRYPTED (0x2) is set: SM4-encrypted files are not supported by this reader")
-    if not flags & F.FLAG["FNV_TRAILER"]:
-        hbad("flags", "FNV_TRAILER (0x1) is not set: a version-2 plain file always ends with its FNV-1a 64")
+    protect.check_header(where, h)   # FNV_TRAILER xor ENCRYPTED; the encryption fields (388..432)
+    trailer = protect.trailer_bytes(flags)
     n = h["n_tensors"]
     dir_end = F.DIR_OFFSET + F.ENTRY_SIZE * n
     if n > F.MAX_TENSORS:
@@ -206,16 +235,14 @@ def _parse(path: Path, mm: mmap.mmap, size: int, verify: bool) -> VQFFile:
         hbad("data_offset", f"{d0:,} is past the end of the file ({size:,} bytes)")
     if fl < d0:
         hbad("file_len", f"{fl:,} is before data_offset {d0:,}")
-    if fl + F.TRAILER_BYTES != size:
-        hbad("file_len", f"file_len + {F.TRAILER_BYTES} = {fl + F.TRAILER_BYTES:,} but the file has {size:,} bytes "
-                         f"({'truncated' if size < fl + F.TRAILER_BYTES else 'trailing bytes'})")
+    if fl + trailer != size:
+        hbad("file_len", f"file_len + {trailer} = {fl + trailer:,} but the file has {size:,} bytes "
+                         f"({'truncated' if size < fl + trailer else 'trailing bytes'})")
     # ---- VQFSig
     if h["sig_magic"] != F.SIG_MAGIC:
         hbad("sig_magic", f"{h['sig_magic']!r} is not {F.SIG_MAGIC!r}")
     if h["sig_version"] != F.SIG_VERSION:
         hbad("sig_version", f"{h['sig_version']} is not supported (expected {F.SIG_VERSION})")
-    if any(h["reserved1"]):
-        hbad("reserved1", "reserved bytes are not zero")
     source = F.source_from_header(h, where)
     config = F.config_from_header(h, where)
     if bool(flags & F.FLAG["VISION"]) != (config.vision is not None):
@@ -234,11 +261,16 @@ def _parse(path: Path, mm: mmap.mmap, size: int, verify: bool) -> VQFFile:
         hbad("flags", f"REPACKED_8X8 (0x8) is {'set' if flags & 8 else 'clear'} but "
                       f"{'a' if repacked else 'no'} tensor is Q4_8X8L")
     # ---- attach by name: known names must have the shapes the configuration implies
-    from kestrel_lab.vqf.layout import config_for_directory, plan
+    from kestrel_lab.vqf.layout import QUANTS, config_for_directory, plan
 
     config = config_for_directory(config, [e.name for e in entries])  # an MoE file's dense layers
     try:
         expected = {s.name: s for s in plan(config)}
+        # the qtypes a converter may give each entry: the union over every --quant
+        allowed = {}
+        for quant in QUANTS:
+            for s in plan(config, quant):
+                allowed.setdefault(s.name, set()).add(s.qtype)
     except ValueError as e:
         raise VQFFormatError(f"{where}: the header's model configuration (bytes 16..184) gives no valid "
                              f"layout: {e}") from None
@@ -251,8 +283,14 @@ def _parse(path: Path, mm: mmap.mmap, size: int, verify: bool) -> VQFFile:
         if (e.rows, e.cols) != (s.rows, s.cols):
             bad(f"entry[{e.index}] ({e.name}).rows/cols", F.DIR_OFFSET + F.ENTRY_SIZE * e.index + 36,
                 f"{e.rows}×{e.cols}, but the header's configuration implies {s.rows}×{s.cols}")
+        if e.qtype not in allowed[e.name]:
+            bad(f"entry[{e.index}] ({e.name}).qtype", F.DIR_OFFSET + F.ENTRY_SIZE * e.index + 32,
+                f"{Q.qtype(e.qtype).name}, but a converter stores {e.name} as "
+                f"{' or '.join(sorted(Q.qtype(q).name for q in allowed[e.name]))}")
         tensors[e.name] = e
     missing = [name for name in expected if name not in tensors]
+    if flags & F.FLAG["ENCRYPTED"]:
+        return _decrypted(path, mm, h, config, source, tensors, unknown, missing, entries, key_file)
     stored = struct.unpack_from("<Q", mm, fl)[0]
     if verify:
         arr = np.frombuffer(mm, dtype=np.uint8)
@@ -261,11 +299,34 @@ def _parse(path: Path, mm: mmap.mmap, size: int, verify: bool) -> VQFFile:
         if computed != stored:
             bad("trailer (FNV-1a 64)", fl, f"stored {stored:016x}, computed {computed:016x}: "
                                            f"the directory or the data area is corrupt")
+    # Views of the mapping only now that every check passed: a refused file leaves no view behind, so
+    # its mapping is closed at once (not when the garbage collector gets to the traceback's frames).
+    whole = np.frombuffer(mm, dtype=np.uint8)
+    for e in entries:
+        e.data = whole[e.offset:e.offset + e.nbytes]
     return VQFFile(path, mm, h, config, source, tensors, unknown, missing, entries, stored, bool(verify))
 
 
+def _decrypted(path, mm, h, config, source, tensors, unknown, missing, entries, key_file) -> VQFFile:
+    """An encrypted file, checked like a plain one: authenticate, decrypt into anonymous memory, and
+    point every entry at its plaintext (``vqf.protect``)."""
+    # the plaintext goes to anonymous memory: refuse before allocating it if it cannot fit
+    check_memory({"decrypted data area": h["file_len"] - h["data_offset"]}, str(path),
+                 hint="an encrypted file is decrypted into memory; open the plain file instead (mmap)")
+    image = protect.decrypt_image(str(path), mm, h, key_file)
+    whole = np.frombuffer(image, dtype=np.uint8)
+    whole.setflags(write=False)
+    for e in entries:
+        e.data = whole[e.offset:e.offset + e.nbytes]
+    tag = bytes(mm[h["file_len"]:h["file_len"] + protect.TAG_BYTES])
+    with contextlib.suppress(BufferError):
+        mm.close()  # the file's pages are no longer needed: every view is of the decrypted copy
+    vf = VQFFile(path, image, h, config, source, tensors, unknown, missing, entries, None, True)
+    vf.tag = tag
+    return vf
+
+
 def _parse_directory(where: str, mm: mmap.mmap, n: int, d0: int, fl: int, bad) -> list[VQFTensor]:
-    whole = np.frombuffer(mm, dtype=np.uint8)
     entries, seen = [], {}
     for i in range(n):
         base = F.DIR_OFFSET + F.ENTRY_SIZE * i
@@ -297,7 +358,7 @@ def _parse_directory(where: str, mm: mmap.mmap, n: int, d0: int, fl: int, bad) -
             bad(f"{label}.offset", base + 48, f"{offset:,} is before data_offset {d0:,}")
         if offset + nbytes > fl:
             bad(f"{label}.offset", base + 48, f"offset + bytes = {offset + nbytes:,} is past file_len {fl:,}")
-        entries.append(VQFTensor(i, name, qt, rows, cols, offset, nbytes, whole[offset:offset + nbytes]))
+        entries.append(VQFTensor(i, name, qt, rows, cols, offset, nbytes, _NO_DATA))  # views come last
     prev = None
     for e in sorted(entries, key=lambda e: e.offset):
         if prev is not None and e.offset < prev.offset + prev.nbytes:

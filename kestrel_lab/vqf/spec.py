@@ -86,9 +86,25 @@ def _moe() -> str:
     return "\n".join(rows)
 
 
+def _limits() -> str:
+    from kestrel_lab.config import ModelConfig
+    from kestrel_lab.limits import spec_table
+
+    return spec_table({p.name.removesuffix(".config.json"): ModelConfig.from_hf(p)
+                       for p in sorted(configs_dir().glob("*.config.json"))})
+
+
+def _protection() -> str:
+    from kestrel_lab.vqf.protect import spec_markdown
+
+    return spec_markdown()
+
+
 def render() -> dict[str, str]:
     """Every generated block of the spec page, by key."""
     out = spec_tables()
+    out["limits"] = _limits()
+    out["protection"] = _protection()
     out["map2b"] = _map_2b()
     out["sources"] = _sources()
     out["moe"] = _moe()
