@@ -6,7 +6,14 @@
 streams after ``助手> ``, an empty line or Ctrl-D quits, ``/reset`` forgets the conversation; after
 each turn a line with prefill and decode tok/s goes to stderr. It reads stdin line by line, so it also
 works with a pipe (``printf '你好\\n' | kestrel-lab chat model.vqf``).
-``bench`` times decode and prefill against the machine's ceiling and PyTorch (``engine.bench``);
+With a Qwen3-VL model, ``generate --image PATH [--image PATH …] --prompt TEXT`` asks about pictures
+(``--image`` implies chat mode; the images come before the text in the user turn, as Qwen3-VL-Instruct's
+template writes them) and ``/image PATH`` inside ``chat`` attaches a picture to the next message; the
+statistics line then gives each image's LLM tokens and vision-encode time. ``--min-pixels`` and
+``--max-pixels`` bound the resize (Qwen3-VL's defaults otherwise). A picture that cannot be read stops
+``generate`` with the preprocessing's message (exit code 2); in ``chat`` it is reported and skipped.
+``bench`` times decode and prefill against the machine's ceiling and PyTorch (``engine.bench``;
+``bench --vision``: the vision tower on one 640×480 image, ``engine.vision_bench``);
 ``golden check | update`` replays or regenerates the token ids each quantization must produce
 (``kestrel_lab.golden``). ``--key-file K`` (or ``KESTREL_KEY_FILE``) opens an SM4-encrypted VQF
 (``vqf.protect``); for ``bench`` it adds a run on an encrypted copy of the model.
@@ -57,6 +64,13 @@ def _add_common(p: argparse.ArgumentParser, *, max_new: int, temperature: float)
                    help="key file of an SM4-encrypted VQF (default: $KESTREL_KEY_FILE; see `kestrel-lab vqf keygen`)")
 
 
+def _add_image_size(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--min-pixels", type=int, default=None, metavar="N",
+                   help="Qwen3-VL: smallest image area after the resize (default 65,536)")
+    p.add_argument("--max-pixels", type=int, default=None, metavar="N",
+                   help="Qwen3-VL: largest image area after the resize (default 16,777,216)")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``generate``, ``chat``, ``bench`` and ``golden`` to ``kestrel-lab``. Taught in day13_1."""
     g = sub.add_parser("generate", help="complete a prompt with a VQF model, streaming the text",
@@ -67,24 +81,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--prompt", help=r"the prompt; \n, \t, \r and \\ are read as escapes (real newlines work too)")
     src.add_argument("--prompt-file", metavar="FILE", help="read the prompt from a UTF-8 file, as it is")
     mode = g.add_mutually_exclusive_group()
-    mode.add_argument("--raw", dest="chat", action="store_false", help="use the prompt as it is (default)")
+    mode.add_argument("--raw", dest="chat", action="store_false",
+                      help="use the prompt as it is (default without --image)")
     mode.add_argument("--chat", dest="chat", action="store_true",
                       help="wrap the prompt as one user message in the Qwen3 chat template")
     g.add_argument("--system", default=None, help="system message (with --chat)")
     g.add_argument("--no-think", dest="think", action="store_false",
                    help="with --chat: add the empty <think></think> block (answer without reasoning)")
     g.add_argument("--echo", action="store_true", help="print the prompt before the continuation")
-    g.set_defaults(func=_generate, chat=False, think=True)
+    g.add_argument("--image", action="append", default=[], metavar="PATH",
+                   help="Qwen3-VL: a picture to ask about (repeatable; implies --chat; images go before the text)")
+    _add_image_size(g)
+    g.set_defaults(func=_generate, chat=None, think=True)
 
     c = sub.add_parser("chat", help="interactive multi-turn chat (empty line or Ctrl-D quits)",
                        description="Chat with a VQF model. Type after '你> '; an empty line or Ctrl-D quits; "
-                                   "/reset forgets the conversation. Per-turn statistics go to stderr.")
+                                   "/reset forgets the conversation; with a Qwen3-VL model /image PATH attaches "
+                                   "a picture to the next message. Per-turn statistics go to stderr.")
     _add_common(c, max_new=512, temperature=0.0)
     c.add_argument("--system", default=None, help="system message")
     think = c.add_mutually_exclusive_group()
     think.add_argument("--think", dest="think", action="store_true", help="let the model reason first (default)")
     think.add_argument("--no-think", dest="think", action="store_false",
                        help="add the empty <think></think> block: answer without reasoning")
+    _add_image_size(c)
     c.set_defaults(func=_chat, think=True)
 
     from kestrel_lab.engine.bench import DECODE_TOKENS, DEFAULT_CONFIG
@@ -98,11 +118,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--torch", dest="torch", action=argparse.BooleanOptionalAction, default=True,
                    help="also time transformers fp32 and bf16 (default: on when installed)")
     b.add_argument("--json", action="store_true", help="print the result as JSON")
-    b.add_argument("--record", metavar="RUNNER", help="record the figures as day29_1 for RUNNER")
+    b.add_argument("--record", metavar="RUNNER", help="record the figures as day29_1 (day20_2 with --vision) for RUNNER")
     b.add_argument("--layers", type=int, default=None, metavar="N",
                    help="a Qwen3-MoE config: keep its first N layers (per-layer figures scale to the whole model)")
     b.add_argument("--key-file", metavar="K", default=None,
                    help="also time the engine on an SM4-encrypted copy of the model (default: $KESTREL_KEY_FILE)")
+    b.add_argument("--vision", action="store_true",
+                   help="time the Qwen3-VL vision tower instead: one 640×480 image at the 2B vision shapes "
+                        "(--config: a Qwen3-VL config.json), against PyTorch fp32/bf16 on the same weights")
     b.set_defaults(func=_bench)
 
     golden = sub.add_parser("golden", help="golden files: the token ids each quantization must produce")
@@ -124,13 +147,13 @@ def _params(args):
 
 
 def _load(args):
-    from kestrel_lab.engine import Qwen3Engine
+    from kestrel_lab.engine.vl import open_engine
     from kestrel_lab.vocab import Tokenizer
 
     if args.max_new < 0:
         raise ValueError(f"--max-new {args.max_new}: must be ≥ 0")
     params = _params(args)
-    engine = Qwen3Engine.from_vqf(args.model, max_context=args.ctx, threads=args.threads, key_file=args.key_file)
+    engine = open_engine(args.model, max_context=args.ctx, threads=args.threads, key_file=args.key_file)
     if args.tokenizer_json is None and args.vocab_bin is None:
         tok = Tokenizer.default(encoder=args.tokenizer)
     else:
@@ -143,6 +166,39 @@ def _write(text: str) -> None:
     sys.stdout.flush()
 
 
+def _is_vl(engine) -> bool:
+    return getattr(engine, "vision", None) is not None
+
+
+def _load_image(engine, path: str, args):
+    """Preprocess one picture for the engine's vision tower (sizes from the file's vision config)."""
+    from kestrel_lab.vision.preprocess import load_image
+
+    kw = {k: v for k, v in (("min_pixels", args.min_pixels), ("max_pixels", args.max_pixels)) if v is not None}
+    return load_image(path, vision=engine.config.vision, **kw)
+
+
+def _generate_vl(args, engine, tok, params, prompt: str) -> int:
+    from kestrel_lab.engine.vl import VLConversation
+
+    try:
+        images = [_load_image(engine, p, args) for p in args.image]
+    except (OSError, ValueError) as e:   # the preprocessing names the file and what is wrong with it
+        print(f"kestrel-lab generate: error: {e}", file=sys.stderr)
+        return 2
+    conv = VLConversation(engine, tok, system=args.system, params=params, max_new=args.max_new)
+    if args.echo:   # the template's text, one <|image_pad|> per picture (expanded to its tokens when run)
+        from kestrel_lab.vision.prompt import render_vl_chat
+
+        turn = {"role": "user", "content": [{"type": "image"}] * len(images) + [{"type": "text", "text": prompt}]}
+        _write(render_vl_chat(conv.messages + [turn]))
+    out = conv.ask(prompt, images, on_text=_write)
+    if out.text and not out.text.endswith("\n"):
+        _write("\n")
+    print(out.stats.line(), file=sys.stderr)
+    return 0
+
+
 def _generate(args) -> int:
     from kestrel_lab.engine.chat import encode_messages
     from kestrel_lab.engine.generate import generate
@@ -152,7 +208,16 @@ def _generate(args) -> int:
     else:
         with open(args.prompt_file, encoding="utf-8") as fh:
             prompt = fh.read()
+    if args.image and args.chat is False:
+        raise ValueError("--image needs chat mode (it implies --chat); drop --raw")
+    if (args.min_pixels is not None or args.max_pixels is not None) and not args.image:
+        raise ValueError("--min-pixels/--max-pixels apply to --image")
     engine, tok, params = _load(args)
+    if args.image and not _is_vl(engine):
+        raise ValueError(f"{args.model}: --image needs a Qwen3-VL model with a vision tower "
+                         f"(this file is {engine.config.arch} without one)")
+    if _is_vl(engine) and (args.image or args.chat):
+        return _generate_vl(args, engine, tok, params, prompt)
     if args.chat:
         msgs = ([{"role": "system", "content": args.system}] if args.system is not None else [])
         ids = encode_messages(tok, msgs + [{"role": "user", "content": prompt}], enable_thinking=args.think)
@@ -194,27 +259,57 @@ def _read_line(prompt: str) -> str | None:
 
 def _chat(args) -> int:
     from kestrel_lab.engine.chat import Conversation
+    from kestrel_lab.engine.vl import VLConversation
 
     engine, tok, params = _load(args)
-    conv = Conversation(engine, tok, system=args.system, enable_thinking=args.think, params=params,
-                        max_new=args.max_new)
-    print(f"kestrel-lab chat: {args.model} (thinking {'on' if args.think else 'off'}; empty line or Ctrl-D "
-          f"quits, /reset forgets)", file=sys.stderr)
+    vl = _is_vl(engine)
+    if vl:
+        conv = VLConversation(engine, tok, system=args.system, params=params, max_new=args.max_new)
+        mode = "Qwen3-VL: /image PATH attaches a picture to the next message"
+    else:
+        conv = Conversation(engine, tok, system=args.system, enable_thinking=args.think, params=params,
+                            max_new=args.max_new)
+        mode = f"thinking {'on' if args.think else 'off'}"
+    print(f"kestrel-lab chat: {args.model} ({mode}; empty line or Ctrl-D quits, /reset forgets)", file=sys.stderr)
+    pending = []   # pictures attached with /image, sent with the next message
     while True:
         line = _read_line("你> ")
         if line is None or not line.strip():
             return 0
         if line.strip() == "/reset":
             conv.reset()
+            pending = []
             print("(conversation forgotten)", file=sys.stderr)
+            continue
+        if line.strip().startswith("/image"):
+            path = line.strip()[len("/image"):].strip()
+            if not vl:
+                print(f"error: /image needs a Qwen3-VL model; {args.model} has no vision tower", file=sys.stderr)
+            elif not path:
+                print("usage: /image PATH", file=sys.stderr)
+            else:
+                try:
+                    im = _load_image(engine, path, args)
+                except (OSError, ValueError) as e:
+                    print(f"error: {e}", file=sys.stderr)
+                    continue
+                pending.append(im)
+                t, h, w = im.grid_thw
+                print(f"(image {len(pending)} attached: {path}, grid {t}×{h}×{w}, "
+                      f"{t * h * w // engine.merge ** 2} tokens; it goes with your next message)", file=sys.stderr)
             continue
         _write("助手> ")
         try:
-            res = conv.ask(line, on_text=_write)
+            if vl:
+                res = conv.ask(line, pending, on_text=_write)
+                pending = []
+            else:
+                res = conv.ask(line, on_text=_write)
         except ValueError as e:  # e.g. the conversation outgrew the context: say so, start afresh
             _write("\n")
             print(f"error: {e}; the conversation was reset", file=sys.stderr)
             conv.reset()
+            pending = []
             continue
         except KeyboardInterrupt:  # Ctrl-C stops this answer, not the chat (the turn is forgotten)
             _write("\n")
@@ -232,24 +327,30 @@ def _bench(args) -> int:
 
     threads = [int(t) for t in args.threads.split(",")] if args.threads else None
     log = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
-    from kestrel_lab.config import ModelConfig
+    if args.vision:
+        from kestrel_lab.engine import vision_bench
 
-    if args.config and ModelConfig.from_hf(args.config).arch == "qwen3_moe":
-        from kestrel_lab.engine.bench import format_moe_table, moe_run
+        format_table, record = vision_bench.format_table, vision_bench.record
+        res = vision_bench.run(args.config, threads, args.torch, log=log)
+    else:
+        from kestrel_lab.config import ModelConfig
 
-        if args.record:
-            print("--record: the MoE bench's figures are recorded by day22_3, not day29_1", file=sys.stderr)
+        if args.config and ModelConfig.from_hf(args.config).arch == "qwen3_moe":
+            from kestrel_lab.engine.bench import format_moe_table, moe_run
+
+            if args.record:
+                print("--record: the MoE bench's figures are recorded by day22_3, not day29_1", file=sys.stderr)
+                return 2
+            res = moe_run(args.config, args.layers, args.quant, threads, args.decode_tokens, log=log)
+            print(json.dumps(res, indent=1, default=str) if args.json else format_moe_table(res))
+            return 0
+        if args.layers is not None:
+            print("--layers applies to a Qwen3-MoE --config", file=sys.stderr)
             return 2
-        res = moe_run(args.config, args.layers, args.quant, threads, args.decode_tokens, log=log)
-        print(json.dumps(res, indent=1, default=str) if args.json else format_moe_table(res))
-        return 0
-    if args.layers is not None:
-        print("--layers applies to a Qwen3-MoE --config", file=sys.stderr)
-        return 2
-    from kestrel_lab.vqf.protect import resolve_key_file
+        from kestrel_lab.vqf.protect import resolve_key_file
 
-    res = run(args.config, args.quant, threads, args.torch, args.decode_tokens, log=log,
-              key_file=resolve_key_file(args.key_file))
+        res = run(args.config, args.quant, threads, args.torch, args.decode_tokens, log=log,
+                  key_file=resolve_key_file(args.key_file))
     if args.json:
         print(json.dumps(res, indent=1, default=str))
     else:

@@ -43,6 +43,8 @@ class TurnStats:
     ttft_s: float = 0.0         # start of turn → first token sampled
     total_s: float = 0.0
     stop_reason: str = ""       # "stop" (a stop token), "length" (max_new), "context" (cache full)
+    # Qwen3-VL: one (LLM tokens, encode seconds, reused from the feature cache) per image of the turn
+    images: list = field(default_factory=list)
 
     @property
     def prefill_tok_s(self) -> float:
@@ -57,13 +59,22 @@ class TurnStats:
         reuse = f" ({self.reused_tokens} cached)" if self.reused_tokens else ""
         dec = (f"decode {self.new_tokens} tok, {self.decode_tok_s:.1f} tok/s"
                if self.decoded_tokens else f"decode {self.new_tokens} tok")
-        return (f"[prompt {self.prompt_tokens} tok{reuse} | prefill {self.prefilled_tokens} tok, "
+        vision = ""
+        if self.images:
+            per = ", ".join(f"{n} tok {'cached' if reused else f'{s * 1e3:.0f} ms'}" for n, s, reused in self.images)
+            vision = f" | vision {len(self.images)} img: {per}, encode {self.vision_s * 1e3:.0f} ms"
+        return (f"[prompt {self.prompt_tokens} tok{reuse}{vision} | prefill {self.prefilled_tokens} tok, "
                 f"{self.prefill_tok_s:.1f} tok/s | TTFT {self.ttft_s * 1e3:.0f} ms | {dec} | "
                 f"stop: {self.stop_reason}]")
 
+    @property
+    def vision_s(self) -> float:
+        """Seconds spent in the vision tower this turn (images encoded, not reused)."""
+        return float(sum(s for _, s, reused in self.images if not reused))
+
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
-        d.update(prefill_tok_s=self.prefill_tok_s, decode_tok_s=self.decode_tok_s)
+        d.update(prefill_tok_s=self.prefill_tok_s, decode_tok_s=self.decode_tok_s, vision_s=self.vision_s)
         return d
 
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -55,7 +55,7 @@ from kestrel_lab.engine import moe as M
 from kestrel_lab.engine import registry
 from kestrel_lab.engine.attention import attend
 from kestrel_lab.engine.kv import ContextFullError, KVCache
-from kestrel_lab.engine.rope import apply_rope, rope_cos_sin
+from kestrel_lab.engine.rope import apply_rope, mrope_cos_sin, rope_cos_sin
 from kestrel_lab.memory_check import check_memory, engine_needs
 from kestrel_lab.threads import numba_threads, resolve_threads
 from kestrel_lab.vqf.layout import dense_ffn_name, text_specs
@@ -65,6 +65,29 @@ MATRICES = ("q4_q", "q4_k", "q4_v", "q4_o", "q4_gate", "q4_up", "q4_down")
 ATTENTION = MATRICES[:4]
 FFN = MATRICES[4:]
 PREFILL_CHUNK = 64  # tokens per batched forward: bounds the expanded activations and accumulators
+
+
+@dataclass
+class ImageEmbeds:
+    """What a prompt's image tokens bring into the language model (Qwen3-VL).
+
+    ``mask`` (len(ids),) bool: which ids are ``<|image_pad|>``; ``embeds`` (mask.sum(), hidden): the
+    vision merger's output written over those positions' embeddings, in order; ``deepstack``: one
+    (mask.sum(), hidden) array per DeepStack merger, added to the hidden state at the same positions
+    after decoder layer 0, 1, … (transformers' ``_deepstack_process``). Taught in day20_2.
+    """
+    mask: np.ndarray
+    embeds: np.ndarray
+    deepstack: list = field(default_factory=list)
+
+    def chunk(self, s: int, e: int) -> "ImageEmbeds | None":
+        """The part that belongs to ids[s:e] (None when that slice holds no image token)."""
+        m = self.mask[s:e]
+        n = int(m.sum())
+        if not n:
+            return None
+        a = int(self.mask[:s].sum())
+        return ImageEmbeds(m, self.embeds[a:a + n], [d[a:a + n] for d in self.deepstack])
 
 
 @dataclass
@@ -360,6 +383,10 @@ class Qwen3Engine:
         self.max_context = context
         self.cache = KVCache(L, c.num_key_value_heads, hd, self.max_context)
         self._cos, self._sin = rope_cos_sin(np.arange(self.max_context), hd, c.rope_theta)
+        # The rope position is not the cache length once an image is in the cache (MRoPE: an image of
+        # H'×W' tokens advances the position by max(H', W') only). ``_rope_next[n]`` is the position the
+        # next token takes when the cache holds n tokens, so decode, truncate and reuse all read it.
+        self._rope_next = np.zeros(self.max_context + 1, np.int64)
         self.stats = {"prefill_s": 0.0, "prefill_tokens": 0, "decode_s": 0.0, "decode_tokens": 0}
         # Tracing hook: when set, ``trace(layer, h)`` is called after each layer with the residual
         # stream h (T, hidden) float32 — the engine's own buffer, so copy what you keep. A traced
@@ -415,6 +442,16 @@ class Qwen3Engine:
     def pos(self) -> int:
         """Tokens currently in the KV cache. Taught in day11_1."""
         return self.cache.pos
+
+    @property
+    def rope_pos(self) -> int:
+        """The rope position the next token takes (equals ``pos`` until an image is cached). Taught in day21_3 (planned)."""
+        return int(self._rope_next[self.cache.pos])
+
+    @property
+    def rope_delta(self) -> int:
+        """``rope_pos − pos``: transformers' ``rope_deltas`` (≤ 0 after an image). Taught in day21_3 (planned)."""
+        return self.rope_pos - self.cache.pos
 
     def memory_report(self) -> dict:
         """Weight bytes used in place from the file's mapping vs copied at load into anonymous memory.
@@ -494,18 +531,25 @@ class Qwen3Engine:
         self.cache.truncate(pos)
 
     # ------------------------------------------------------------------ public steps
-    def prefill(self, ids) -> np.ndarray:
+    def prefill(self, ids, positions=None, images: ImageEmbeds | None = None) -> np.ndarray:
         """Run ``ids`` through the model from the current position; logits after the last one (float32).
 
-        Batched: up to 64 tokens per forward, every matrix applied as a matmul. Taught in day10_3.
+        Batched: up to 64 tokens per forward, every matrix applied as a matmul. ``positions`` (3, n):
+        explicit MRoPE positions (t, h, w) of the ids (Qwen3-VL with images; default: the next rope
+        positions, all three equal); ``images``: the vision features of the ids' image tokens (each
+        chunk takes its slice, DeepStack included). Taught in day10_3 and day21_3 (planned).
         """
         ids = self._check_ids(ids)
         if ids.size == 0:
             raise ValueError("prefill() needs at least one token id")
+        positions, images = self._check_extras(ids, positions, images)
         t0 = time.perf_counter()
         logits = None
         for s in range(0, ids.size, PREFILL_CHUNK):
-            logits = self._forward(ids[s:s + PREFILL_CHUNK], last_only=True)
+            e = min(ids.size, s + PREFILL_CHUNK)
+            logits = self._forward(ids[s:e], last_only=True,
+                                   positions=None if positions is None else positions[:, s:e],
+                                   images=None if images is None else images.chunk(s, e))
         self.stats["prefill_s"] += time.perf_counter() - t0
         self.stats["prefill_tokens"] += int(ids.size)
         return logits[-1]
@@ -522,13 +566,17 @@ class Qwen3Engine:
         self.stats["decode_tokens"] += 1
         return logits
 
-    def forward_all(self, ids) -> np.ndarray:
+    def forward_all(self, ids, positions=None, images: ImageEmbeds | None = None) -> np.ndarray:
         """Logits (len(ids), vocab) of every position, from the current ``pos`` (tests, perplexity).
 
-        Taught in day12_3.
+        ``positions``/``images`` as in ``prefill``. Taught in day12_3.
         """
         ids = self._check_ids(ids)
-        out = [self._forward(ids[s:s + PREFILL_CHUNK], last_only=False) for s in range(0, ids.size, PREFILL_CHUNK)]
+        positions, images = self._check_extras(ids, positions, images)
+        out = [self._forward(ids[s:s + PREFILL_CHUNK], last_only=False,
+                             positions=None if positions is None else positions[:, s:s + PREFILL_CHUNK],
+                             images=None if images is None else images.chunk(s, s + PREFILL_CHUNK))
+               for s in range(0, ids.size, PREFILL_CHUNK)]
         return np.concatenate(out, axis=0) if out else np.zeros((0, self.config.vocab_size), np.float32)
 
     # ------------------------------------------------------------------ internals
@@ -544,6 +592,46 @@ class Qwen3Engine:
         self.cache.check_room(arr.size)
         return arr
 
+    def _check_extras(self, ids: np.ndarray, positions, images):
+        """Validate ``prefill``'s optional MRoPE positions and image features against ``ids``."""
+        c = self.config
+        if positions is not None:
+            if c.mrope_section is None:
+                raise ValueError(f"{self.source}: explicit 3-D positions need an MRoPE model (mrope_section)")
+            positions = np.asarray(positions, dtype=np.int64)
+            if positions.shape != (3, ids.size):
+                raise ValueError(f"positions must have shape (3, {ids.size}), got {positions.shape}")
+        if images is not None:
+            mask = np.asarray(images.mask, dtype=bool)
+            n = int(mask.sum())
+            if mask.shape != ids.shape:
+                raise ValueError(f"images.mask has shape {mask.shape}, the ids {ids.shape}")
+            for what, a in [("embeds", images.embeds), *((f"deepstack[{i}]", d) for i, d in enumerate(images.deepstack))]:
+                if np.shape(a) != (n, c.hidden_size):
+                    raise ValueError(f"images.{what} has shape {np.shape(a)}, expected ({n}, {c.hidden_size}): "
+                                     f"one row per image token of the prompt")
+            if len(images.deepstack) > c.num_hidden_layers:
+                raise ValueError(f"{len(images.deepstack)} DeepStack features for {c.num_hidden_layers} layers")
+            images = ImageEmbeds(mask, np.asarray(images.embeds, np.float32),
+                                 [np.asarray(d, np.float32) for d in images.deepstack])
+        return positions, images
+
+    def _rope_tables(self, T: int, positions):
+        """cos/sin (T, D/2) of the next T tokens, and record where the rope position goes next."""
+        c = self.config
+        pos0 = self.cache.pos
+        r0 = int(self._rope_next[pos0])
+        if positions is None:
+            self._rope_next[pos0 + 1:pos0 + T + 1] = r0 + 1 + np.arange(T)
+            if r0 + T <= self.max_context:
+                return self._cos[r0:r0 + T], self._sin[r0:r0 + T]
+            return rope_cos_sin(np.arange(r0, r0 + T), c.head_dim, c.rope_theta)
+        nxt = np.maximum.accumulate(np.concatenate([[r0], positions.max(axis=0) + 1]))
+        self._rope_next[pos0 + 1:pos0 + T + 1] = nxt[1:]
+        # transformers' Qwen3-VL always interleaves (it never reads ``mrope_interleaved``)
+        return mrope_cos_sin(positions, c.head_dim, c.rope_theta, c.mrope_section,
+                             c.mrope_interleaved or c.arch == "qwen3_vl")
+
     def _embed(self, ids: np.ndarray) -> np.ndarray:
         if self.embed_qtype == Q.F16.id:
             out = np.empty((ids.size, self.config.hidden_size), np.float32)
@@ -551,18 +639,20 @@ class Qwen3Engine:
             return out
         return np.array(self.embed[ids], dtype=np.float32)
 
-    def _forward(self, ids: np.ndarray, last_only: bool) -> np.ndarray:
+    def _forward(self, ids: np.ndarray, last_only: bool, positions=None, images: ImageEmbeds | None = None) -> np.ndarray:
         c = self.config
         T = ids.size
         H, KVH, D = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         eps = np.float32(c.rms_norm_eps)
         pos0 = self.cache.pos
-        cos, sin = self._cos[pos0:pos0 + T], self._sin[pos0:pos0 + T]
+        cos, sin = self._rope_tables(T, positions)
         with numba_threads(self.threads) as nt:
             h = self._embed(ids)
+            if images is not None:
+                h[images.mask] = images.embeds          # the merger's output replaces the pad embeddings
             x = np.empty_like(h)
             o = np.empty((T, H, D), np.float32)
-            if T == 1 and self._step is not None and self.trace is None:
+            if T == 1 and self._step is not None and self.trace is None and images is None:
                 self._step(h, eps, self.attn_norm, self.ffn_norm, self.q_norm, self.k_norm, self._planes,
                                   self.cache.k, self.cache.v, pos0, cos, sin, H, nt)
             else:
@@ -586,6 +676,8 @@ class Qwen3Engine:
                     else:
                         g = _swiglu(m, Activation(x))
                         h += m["q4_down"](Activation(g))
+                    if images is not None and layer < len(images.deepstack):
+                        h[images.mask] += images.deepstack[layer]   # DeepStack: after layer 0, 1, …
                     if self.trace is not None:
                         self.trace(layer, h)
             self.cache.pos = pos0 + T
@@ -595,4 +687,4 @@ class Qwen3Engine:
             return self.lm_head(Activation(hn))
 
 
-__all__ = ["Qwen3Engine", "RawTensor", "Linear", "Activation", "ContextFullError"]
+__all__ = ["Qwen3Engine", "RawTensor", "ImageEmbeds", "Linear", "Activation", "ContextFullError"]

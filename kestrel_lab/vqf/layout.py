@@ -274,6 +274,16 @@ def text_specs(config: ModelConfig, quant: "str | QType" = "f32") -> list[Tensor
     return _text_specs(config, _qtypes_for(resolve_quant(quant), config), prefix, "lm_head.weight")
 
 
+def vision_specs(config: ModelConfig, quant: "str | QType" = "q4_0") -> list[TensorSpec]:
+    """The vision tower's entries of a Qwen3-VL file (what ``vision.tower`` binds; shapes as ``plan``).
+
+    Empty for a model without a vision tower. Taught in day20_1.
+    """
+    if config.vision is None:
+        return []
+    return _vision_specs(config, _qtypes_for(resolve_quant(quant), config))
+
+
 def has_repacked(specs: list[TensorSpec]) -> bool:
     """True if some entry is stored as Q4_8X8L (the header's REPACKED_8X8 flag). Taught in day16_1."""
     return any(s.qtype == Q4_8X8L.id for s in specs)
@@ -308,5 +318,5 @@ def source_rows(spec: TensorSpec, shapes: dict[str, tuple[int, ...]]) -> list[in
     return out
 
 
-__all__ = ["TensorSpec", "plan", "text_specs", "resolve_quant", "source_rows", "has_repacked", "QUANTS",
-           "EXPERT_KEYS", "dense_ffn_name", "split_source", "config_for_directory", "expert_runs"]
+__all__ = ["TensorSpec", "plan", "text_specs", "vision_specs", "resolve_quant", "source_rows", "has_repacked",
+           "QUANTS", "EXPERT_KEYS", "dense_ffn_name", "split_source", "config_for_directory", "expert_runs"]

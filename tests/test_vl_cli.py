@@ -1,0 +1,102 @@
+"""``kestrel-lab generate --image`` and ``/image`` in ``kestrel-lab chat`` on a random Qwen3-VL model.
+
+The continuation must be the one the engine's own ``VLConversation`` gives for the same picture
+(which test_vl_engine checks against transformers); bad pictures give the preprocessing's message,
+exit code 2 and no traceback."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from kestrel_lab import cli, models
+from kestrel_lab.engine.vl import VLConversation, open_engine
+from kestrel_lab.vision.preprocess import load_image
+from kestrel_lab.vocab import Tokenizer
+
+
+@pytest.fixture(scope="module")
+def vqf():
+    return models.vqf(arch="qwen3_vl", quant="q8_0", seed=3)
+
+
+@pytest.fixture(scope="module")
+def pictures(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pics")
+    rng = np.random.default_rng(0)
+    out = []
+    for i, (h, w) in enumerate([(200, 300), (256, 256)]):
+        p = d / f"pic{i}.png"
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(p)
+        out.append(p)
+    bad = d / "bad.png"
+    bad.write_bytes(b"this is not a picture")
+    return out, bad
+
+
+def engine_reply(vqf, paths, text, n):
+    eng = open_engine(vqf, max_context=1024)
+    conv = VLConversation(eng, Tokenizer.default(), max_new=n)
+    return conv.ask(text, [load_image(p, vision=eng.config.vision) for p in paths])
+
+
+def test_generate_with_two_images_says_what_the_engine_says(vqf, pictures, capsys):
+    paths, _ = pictures
+    rc = cli.main(["generate", str(vqf), "--image", str(paths[0]), "--image", str(paths[1]),
+                   "--prompt", "这两张图里有什么？", "--max-new", "6"])
+    out = capsys.readouterr()
+    assert rc == 0
+    want = engine_reply(vqf, paths, "这两张图里有什么？", 6)
+    assert out.out.rstrip("\n") == want.text
+    assert "vision 2 img:" in out.err and f"{want.stats.images[0][0]} tok" in out.err
+    assert "Traceback" not in out.err
+
+
+def test_bad_images_exit_2_with_the_file_named(vqf, pictures, capsys):
+    paths, bad = pictures
+    rc = cli.main(["generate", str(vqf), "--image", str(bad), "--prompt", "x"])
+    err = capsys.readouterr().err
+    assert rc == 2 and str(bad) in err and "Traceback" not in err
+    rc = cli.main(["generate", str(vqf), "--image", str(paths[0]), "--prompt", "x", "--max-pixels", "1000"])
+    assert rc == 2
+    rc = cli.main(["generate", str(vqf), "--image", str(paths[0]), "--prompt", "x", "--raw"])
+    assert rc == 1 and "chat mode" in capsys.readouterr().err
+
+
+def test_image_on_a_text_model_is_refused(pictures, capsys):
+    text = models.vqf(arch="qwen3", quant="q8_0")
+    rc = cli.main(["generate", str(text), "--image", str(pictures[0][0]), "--prompt", "x"])
+    assert rc == 1 and "vision tower" in capsys.readouterr().err
+
+
+def test_chat_image_command(vqf, pictures, capsys, monkeypatch):
+    paths, bad = pictures
+    monkeypatch.setattr("sys.stdin", io.StringIO(f"/image {paths[0]}\n这是什么？\n/image {bad}\n"
+                                                 f"/image {paths[1]}\n那这张呢？\n\n"))
+    rc = cli.main(["chat", str(vqf), "--max-new", "4"])
+    out = capsys.readouterr()
+    assert rc == 0
+    lines = [ln for ln in out.err.splitlines() if ln.startswith("[prompt")]
+    assert len(lines) == 2 and "vision 1 img" in lines[0] and "vision 1 img" in lines[1]
+    assert "cached)" in lines[1]                      # the first turn stayed in the KV cache
+    assert str(bad) in out.err and "Traceback" not in out.err
+    assert "image 1 attached" in out.err
+
+
+def test_bench_vision_on_the_tiny_shapes(capsys):
+    pytest.importorskip("torch", reason="the bench compares with PyTorch (requirements-ref.txt)")
+    cfg = models.hf_checkpoint(arch="qwen3_vl") / "config.json"
+    rc = cli.main(["bench", "--vision", "--config", str(cfg), "--threads", "1", "--json"])
+    out = capsys.readouterr()
+    assert rc == 0
+    import json
+
+    res = json.loads(out.out)
+    e = res["engine"]["1"]
+    assert e["tokens"] == 300 and e["seconds"] > 0 and e["gflops"] > 0
+    assert set(e["weight_qtypes"].values()) == {"Q8_0"}
+    # same weights (the Q8_0 matrices dequantized for PyTorch): only float rounding apart at fp32
+    assert res["torch"]["fp32"]["max_rel_diff_to_engine"] < 1e-4
+    assert res["torch"]["bf16"]["max_rel_diff_to_engine"] < 0.1
