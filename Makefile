@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED := 1
 # inline backend is what puts a notebook's figures into the book (kestrel_lab.plotting.setup ensures it).
 unexport MPLBACKEND
 
-.PHONY: book test system-deps env ref-env dev-env clean clean-cache rerun bench
+.PHONY: book test system-deps env ref-env dev-env clean clean-cache rerun bench tiny-vl
 
 # The runtime environment: requirements.txt + the package (editable, so notebooks see this checkout).
 $(VENV)/.runtime-installed: requirements.txt pyproject.toml
@@ -59,6 +59,11 @@ rerun: $(VENV)/.runtime-installed
 
 bench: $(VENV)/.dev-installed
 	$(KL) bench $(ARGS)
+
+# Re-train the tiny Qwen3-VL in data/models/qwen3-tiny-vl (torch on CPU, 2 threads; see its README).
+# Rewrites the committed checkpoint, logs and held-out results; never part of `make test`.
+tiny-vl: $(VENV)/.ref-installed
+	nice -n 10 $(PY) scripts/train_tiny_vl.py $(ARGS)
 
 clean-cache:
 	rm -rf _build/.jupyter_cache
