@@ -50,7 +50,7 @@ __all__ = ["ARCHS", "TRAINED", "SCHEMA", "sources_hash", "vqf", "hf_checkpoint",
 SCHEMA = "kestrel-lab/models/1"
 ARCHS = ("qwen3", "qwen3_vl", "qwen3_moe")
 #: The trained models embedded in the repository (data/models/NAME); a tiny VL model comes next.
-TRAINED = ("qwen3-tiny-poem",)
+TRAINED = ("qwen3-tiny-poem", "qwen3-tiny-vl")
 BENCH_CONFIG = "qwen3-0.6b.config.json"
 #: ``default_bench_vqf(quick=True)``: Qwen3-0.6B cut to hidden 512 and 8 layers (the real vocabulary).
 QUICK_BENCH = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
