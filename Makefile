@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED := 1
 # inline backend is what puts a notebook's figures into the book (kestrel_lab.plotting.setup ensures it).
 unexport MPLBACKEND
 
-.PHONY: book test system-deps env ref-env dev-env clean clean-cache rerun bench tiny-vl
+.PHONY: book test system-deps env ref-env dev-env test-env clean clean-cache rerun bench board-test board-smoke tiny-vl
 
 # The runtime environment: requirements.txt + the package (editable, so notebooks see this checkout).
 $(VENV)/.runtime-installed: requirements.txt pyproject.toml
@@ -25,13 +25,19 @@ $(VENV)/.ref-installed: $(VENV)/.runtime-installed requirements-ref.txt
 	@touch $@
 
 # Test dependencies: pytest and hypothesis on top of the references.
-$(VENV)/.dev-installed: $(VENV)/.ref-installed requirements-dev.txt
+$(VENV)/.dev-installed: $(VENV)/.ref-installed requirements-dev.txt requirements-test.txt
 	$(PY) -m pip install -q -r requirements-dev.txt
+	@touch $@
+
+# pytest and hypothesis alone on top of the runtime: what a board needs for `make board-test` (no torch).
+$(VENV)/.test-installed: $(VENV)/.runtime-installed requirements-test.txt
+	$(PY) -m pip install -q -r requirements-test.txt
 	@touch $@
 
 env: $(VENV)/.runtime-installed
 ref-env: $(VENV)/.ref-installed
 dev-env: $(VENV)/.dev-installed
+test-env: $(VENV)/.test-installed
 
 # CJK fonts for plots, Chromium for the browser test (Debian packages; needs root, else prints a hint).
 system-deps:
@@ -57,13 +63,26 @@ RUNNER ?= local
 rerun: $(VENV)/.runtime-installed
 	$(KL) rerun --runner $(RUNNER) $(ARGS)
 
-bench: $(VENV)/.dev-installed
+# The engine's figures; PyTorch's beside them when the references are installed (`make ref-env`),
+# else the bench says it skipped them. A board needs only `make env`.
+bench: $(VENV)/.runtime-installed
 	$(KL) bench $(ARGS)
 
 # Re-train the tiny Qwen3-VL in data/models/qwen3-tiny-vl (torch on CPU, 2 threads; see its README).
 # Rewrites the committed checkpoint, logs and held-out results; never part of `make test`.
 tiny-vl: $(VENV)/.ref-installed
 	nice -n 10 $(PY) scripts/train_tiny_vl.py $(ARGS)
+
+# The package's unit and reference-free tests (the `board` marker: tests/board_subset.txt) under a
+# time limit: what a board (or the emulated one of `make board-smoke`) runs. No torch, no book build.
+BOARD_TEST_LIMIT_S ?= 1800
+board-test: $(VENV)/.test-installed
+	timeout $(BOARD_TEST_LIMIT_S) $(PY) -m pytest -m board -q -p no:cacheprovider
+
+# The board path checked without a board, in an emulated arm64 Debian 12 (qemu-user-static). Needs
+# root; never part of `make test` or CI. See scripts/board-smoke.sh and book/rerun.md.
+board-smoke:
+	bash scripts/board-smoke.sh
 
 clean-cache:
 	rm -rf _build/.jupyter_cache

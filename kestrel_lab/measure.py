@@ -136,12 +136,22 @@ def timeit(fn: Callable[[], Any], *, repeat: int = 5, warmup: int = 1, number: i
 
 
 def provenance(runner: str, params: dict | None = None) -> dict:
+    """Who measured, when, on what, with which parameters. The machine's fingerprint probes numba's
+    threading layer (a cached one-line parallel kernel, when the notebook ran none), so every figure
+    says whether it ran on ``omp``; an emulated run (``KESTREL_EMULATED``, set by ``make board-smoke``)
+    says so in ``machine.emulated``. Taught in day28_1."""
     return {
         "runner": runner,
         "date": utc_now(),
-        "machine": machine.fingerprint(),
+        "machine": machine.fingerprint(probe_threading=True),
         "parameters": _jsonable(params or {}),
     }
+
+
+def is_emulated(doc: dict) -> bool:
+    """True for a document measured on an emulated machine (qemu): its timings are no board's and are
+    never compared with real ones. Taught in day28_3."""
+    return bool((doc.get("provenance", {}).get("machine") or {}).get("emulated"))
 
 
 def _jsonable(obj):
@@ -399,6 +409,7 @@ def _row(doc: dict, fig: dict) -> dict:
         "source": doc["source"],
         "stale": None,
         "kind": machine_kind(doc) if doc["source"] == "run" else None,
+        "emulated": is_emulated(doc),
         "params": prov.get("parameters") or {},
         "disagree": False,
     }
@@ -441,6 +452,7 @@ def is_timing_unit(unit: str) -> bool:
 def _comparable(row: dict) -> bool:
     v = row["value"]
     return (row["source"] == "run" and row["status"] == "measured" and row.get("kind") is not None
+            and not row.get("emulated")
             and is_timing_unit(row["unit"])
             and isinstance(v, (int, float)) and not isinstance(v, bool) and v != 0)
 
@@ -502,6 +514,8 @@ class FigureTable:
             value += " (article)"
         elif row["status"] == "computed":
             value += " (computed)"
+        elif row.get("emulated") and row["status"] == "measured" and is_timing_unit(row["unit"]):
+            value += " (emulated)"
         if row.get("disagree"):
             value += f" {self.DISAGREE_MARK}"
         commit = row["commit"] + (f" {self.STALE_MARK}" if row.get("stale") else "")
@@ -569,7 +583,8 @@ def compare(notebook: str, root: Path | None = None) -> FigureTable:
     Each row says who measured the figure, when, and with which kestrel_lab commit; ⚠ marks a figure
     measured with a commit older than the notebook's last change (re-run it to refresh); ≠2× marks a
     measured timing more than twice (or less than half) a sibling runner's on the same kind of machine
-    with the same parameters (``mark_disagreements``); "(computed)" marks a figure computed from a
+    with the same parameters (``mark_disagreements``; emulated timings are never compared and are
+    marked "(emulated)"); "(computed)" marks a figure computed from a
     config or a formula rather than measured. Taught in day01_3, day28_1 and day28_3.
     """
     docs = load_notebook(check_notebook_id(notebook), root)

@@ -1,9 +1,30 @@
 """Shared test settings: keep generated artefacts in a per-session cache, never in the repository.
 
-Helpers that tests import by name live in ``tests/helpers/`` (a conftest is not a module to import)."""
+Helpers that tests import by name live in ``tests/helpers/`` (a conftest is not a module to import).
+The ``board`` marker is the pinned subset a board runs (``make board-test``): the files listed in
+tests/board_subset.txt."""
 import os
+from pathlib import Path
 
 import pytest
+
+BOARD_SUBSET = frozenset(
+    name for line in (Path(__file__).parent / "board_subset.txt").read_text(encoding="utf-8").splitlines()
+    if (name := line.split("#", 1)[0].strip()))
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in BOARD_SUBSET:
+            item.add_marker(pytest.mark.board)
+
+
+def pytest_ignore_collect(collection_path, config):
+    """With ``-m board`` the other test modules are not even imported: they may need torch or Chromium."""
+    if (config.getoption("markexpr", "") == "board" and collection_path.suffix == ".py"
+            and collection_path.name.startswith("test_") and collection_path.name not in BOARD_SUBSET):
+        return True
+    return None
 
 
 @pytest.fixture

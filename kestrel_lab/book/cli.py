@@ -35,6 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     info = sub.add_parser("runner-info", help="print this machine's fingerprint (as recorded with figures)")
     info.add_argument("--json", action="store_true", help="print the JSON recorded in provenance")
+    info.add_argument("--cpus", default=None, metavar="SET",
+                      help="the CPUs whose governors to check: big (default: what the engine uses), little, all "
+                           "or a list such as 4-7")
     info.set_defaults(func=_runner_info)
 
     rr = sub.add_parser(
@@ -53,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help=f"seconds a notebook may run (default {DEFAULT_TIMEOUT_S})")
     rr.add_argument("--jobs", type=int, default=1,
                     help="notebooks at a time (default 1: measurements want a quiet machine)")
-    rr.add_argument("--cpus", help="pin the notebooks to these CPUs, e.g. 4-7 (the RK3588's A76 cluster); "
+    rr.add_argument("--cpus", help="pin the notebooks to these CPUs: big (the fastest cluster: an RK3588's A76), little, all, or a list such as 4-7; "
                                    "sets NUMBA_NUM_THREADS to their count")
     rr.add_argument("--keep-going", action="store_true", help="run the other notebooks after a failure")
     rr.add_argument("--force", action="store_true", help="re-run notebooks already done in the run folder")
@@ -145,7 +148,7 @@ def _measurements(args) -> int:
 def _runner_info(args) -> int:
     from kestrel_lab import machine
 
-    fp = machine.fingerprint(probe_threading=True)
+    fp = machine.fingerprint(probe_threading=True, cpus=list(machine.resolve_cpus(args.cpus).cpus))
     print(json.dumps(fp, indent=1, ensure_ascii=False) if args.json else machine.describe(fp))
     return 0
 

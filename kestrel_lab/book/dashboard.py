@@ -26,6 +26,9 @@ MAX_PLOTTED = 24
 # A figure computed from a config or a formula (``Recorder.computed``), not measured: labelled so, and
 # never drawn among the measured throughputs.
 COMPUTED_MARK = "（计算）"
+# A timing measured on an emulated machine (``make board-smoke``: qemu-aarch64): shown so, never plotted
+# or compared with a board's (``measure.is_emulated``).
+EMULATED_MARK = "（模拟）"
 
 
 def _parts() -> dict:
@@ -77,6 +80,8 @@ def wide_table(notebook: str, docs: list[dict]) -> tuple[list[str], list[list[st
                     text += f" {f['unit']}"
                 if f["status"] == "computed":
                     text += f" {COMPUTED_MARK}"
+                elif measure.is_emulated(d) and measure.is_timing_unit(f["unit"]):
+                    text += f" {EMULATED_MARK}"
             cells[(f["name"], r)] = text + (" ⚠" if stale else "")
     header = ["figure", "unit", *runners]
     rows = [[n, units[n], *[cells.get((n, r), "—") for r in runners]] for n in names]
@@ -103,9 +108,12 @@ def rate_rows(docs: list[dict]) -> list[tuple[str, str, str, float]]:
     """(label, runner, unit, value) of every measured throughput figure (unit ending in ``/s``).
 
     Only measurements (and the articles' figures) are compared: a figure computed from a formula
-    (status ``computed``, e.g. a roofline's bound) is no speed anyone measured. Taught in day28_3."""
+    (status ``computed``, e.g. a roofline's bound) is no speed anyone measured, and a speed measured
+    under emulation (``measure.is_emulated``) is no board's. Taught in day28_3."""
     out = []
     for d in docs:
+        if measure.is_emulated(d):
+            continue
         for f in d["figures"]:
             v = f.get("value")
             if (f["status"] in ("measured", "article") and isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -200,7 +208,8 @@ def render(root: Path | None = None, include_local: bool = False) -> str:
         n_comp = sum(f["status"] == "computed" for d in mine for f in d["figures"])
         dates = sorted(d["provenance"]["date"][:10] for d in mine)
         commits = sorted({(d["provenance"].get("machine") or {}).get("git_commit") or "—" for d in mine})
-        src = "文章" if mine[0]["source"] == "article" else "重跑"
+        src = ("文章" if mine[0]["source"] == "article" else
+               "模拟重跑（qemu，速度不可比）" if any(measure.is_emulated(d) for d in mine) else "重跑")
         span = dates[0] if dates[0] == dates[-1] else f"{dates[0]} – {dates[-1]}"
         rows.append([f"`{r}`", src, _machine_words(mine[-1]), str(len(mine)),
                      f"{n_meas}" + "".join(f"（另有 {n} 个{what}）" for n, what in ((n_comp, "计算"), (n_nm, "未测")) if n),
@@ -219,7 +228,8 @@ def render(root: Path | None = None, include_local: bool = False) -> str:
     else:
         out += ["还没有 runner 记录过吞吐类（单位以 `/s` 结尾）的数字。", ""]
 
-    timed = [d for d in docs if (d["provenance"].get("rerun") or {}).get("seconds") is not None]
+    timed = [d for d in docs if (d["provenance"].get("rerun") or {}).get("seconds") is not None
+             and not measure.is_emulated(d)]
     if timed:
         t_runners = runner_order(timed)
         nbs = sorted({d["notebook"] for d in timed})
@@ -237,7 +247,8 @@ def render(root: Path | None = None, include_local: bool = False) -> str:
     out += ["## 按笔记本", "",
             "每张表一行一个数字、一列一个 runner。「未测」表示该 runner 缺少输入文件（例如 2 GB 的真实模型），"
             "原因写在笔记本的对照表里；「—」表示该 runner 没有记录这个数字；「（计算）」表示这个数字是由配置或公式算出来的，"
-            "不是测量（不进上面的吞吐对照图）；⚠ 表示这个数字是用比笔记本当前版本"
+            f"不是测量（不进上面的吞吐对照图）；「{EMULATED_MARK}」表示在模拟的 arm64 上（`make board-smoke`，qemu）测的时间或吞吐，"
+            "只说明这条路能走通，不代表任何板子的速度，也不进吞吐对照图和重跑耗时表；⚠ 表示这个数字是用比笔记本当前版本"
             "更旧的 commit 测的，需要重跑。", ""]
     by_nb = defaultdict(list)
     for d in docs:

@@ -117,6 +117,10 @@ class Executor:
         env.pop("MPLBACKEND", None)  # the kernel then uses the inline backend: figures land in the output
         env["PYTHONUNBUFFERED"] = "1"
         if self.cpus:
+            from kestrel_lab.machine import ranges
+            from kestrel_lab.threads import CPUS_ENV
+
+            env[CPUS_ENV] = ranges(self.cpus)  # an engine in the notebook runs on them all, as asked
             env["NUMBA_NUM_THREADS"] = str(len(self.cpus))
             env.setdefault("OMP_NUM_THREADS", str(len(self.cpus)))
             env.setdefault("OPENBLAS_NUM_THREADS", str(len(self.cpus)))

@@ -6,7 +6,6 @@ Every check here happens before anything runs, so a typo costs nothing; a bad va
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 from pathlib import Path
 
@@ -34,22 +33,17 @@ def parse_days(spec: str) -> list[int]:
 
 
 def parse_cpus(spec: str) -> list[int]:
-    """``"4-7"`` -> [4, 5, 6, 7] (the A76 cluster of an RK3588); every CPU must be usable here.
+    """``"4-7"`` -> [4, 5, 6, 7] (the A76 cluster of an RK3588), or a cluster name: ``big`` (the
+    fastest cores), ``little``, ``all`` (``machine.resolve_cpus``); every CPU must be usable here.
 
     Taught in day28_2.
     """
-    cpus: set[int] = set()
-    for part in spec.split(","):
-        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
-        if not m or int(m.group(2) or m.group(1)) < int(m.group(1)):
-            raise RunnerError(f"--cpus {spec!r}: {part!r} is not a CPU number or a range like 4-7")
-        cpus.update(range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1))
-    usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
-    missing = sorted(cpus - usable)
-    if missing:
-        raise RunnerError(f"--cpus {spec!r}: CPU(s) {missing} are not available to this process "
-                          f"(usable: {sorted(usable)}; see `kestrel-lab runner-info`)")
-    return sorted(cpus)
+    from kestrel_lab import machine
+
+    try:
+        return list(machine.resolve_cpus(spec).cpus)
+    except ValueError as e:
+        raise RunnerError(str(e)) from None
 
 
 def parse_value(text: str):

@@ -13,7 +13,7 @@ next to the others:
   the lane-accumulator Q4_0 and Q8_0 kernels, the Q4_8X8L kernel and the row-interleaved Q4_0
   kernel the engine decodes with — the layout story in numbers;
 - PyTorch (``transformers``, fp32 and bf16) decode tok/s on the same weights (dequantized from the
-  file) when torch is installed;
+  file) when torch is installed; without it (a board) the bench skips them and says why;
 - numba's first compile (a fresh process with an empty ``NUMBA_CACHE_DIR``) and the cached cold
   start (a fresh process, cache warm, file in the page cache: from process start to the first token).
 
@@ -307,12 +307,16 @@ def run(config_path=None, quant: str = "q4_0", threads: list[int] | None = None,
         res["encrypt"] = encrypt_file(path, enc, key_file)
         log(f"engine on the encrypted file, {threads[-1]} thread(s) …")
         res["engine_encrypted"] = engine_speed(enc, threads[-1], decode_tokens=decode_tokens, key_file=key_file)
-    if with_torch:
+    if not with_torch:
+        res["torch"] = {"skipped": "--no-torch"}
+    else:
         try:
             import torch  # noqa: F401
             import transformers  # noqa: F401
-        except ImportError:
-            res["torch"] = {"skipped": "torch/transformers not installed"}
+        except ImportError as e:
+            res["torch"] = {"skipped": f"{e.name or 'torch'} is not installed (a board needs neither torch nor "
+                                       f"transformers; `make ref-env` installs them)"}
+            log(f"PyTorch: skipped, {res['torch']['skipped']}")
         else:
             for dt in ("fp32", "bf16"):
                 log(f"PyTorch {dt}, {threads[-1]} thread(s) …")
@@ -361,7 +365,7 @@ def format_table(res: dict) -> str:
                      f"decode {ee['decode_tok_s']:.1f} tok/s vs {e['decode_tok_s']:.1f}")
     tr = res.get("torch") or {}
     if "skipped" in tr:
-        lines.append(f"PyTorch: {tr['skipped']}")
+        lines.append(f"PyTorch: skipped, {tr['skipped']}")
     for dt in ("fp32", "bf16"):
         if dt in tr:
             lines.append(f"PyTorch {dt} decode ({ts[-1]} threads): {tr[dt]:.2f} tok/s → engine is "
@@ -382,7 +386,7 @@ def record(res: dict, runner: str) -> Path:
     from kestrel_lab.measure import Recorder
 
     rec = Recorder("day29_1", runner, params={"vqf": Path(res["vqf"]).name, "quant": res["quant"],
-                                              "threads": res["threads"]})
+                                              "threads": res["threads"], "cpus": res.get("cpus")})
     for t in res["threads"]:
         e = res["engine"][t]
         rec.record(f"engine_decode_tok_s_{t}t", e["decode_tok_s"], "tok/s", f"engine decode, {t} thread(s), {res['quant']}")

@@ -18,6 +18,12 @@ statistics line then gives each image's LLM tokens and vision-encode time. ``--m
 (``kestrel_lab.golden``). ``--key-file K`` (or ``KESTREL_KEY_FILE``) opens an SM4-encrypted VQF
 (``vqf.protect``); for ``bench`` it adds a run on an encrypted copy of the model.
 
+Every command that runs the engine takes ``--cpus`` (``big`` — the fastest cluster, the default —
+``little``, ``all`` or a CPU list such as ``4-7``) and pins the process there (``threads.use_cpus``):
+on an RK3588 an even split over A76 and A55 cores makes the fast threads wait for the slow ones.
+``--threads`` overrides the count (default one per CPU). The per-turn line says which CPUs, how many
+threads and numba's threading layer; a layer other than ``omp`` gets a warning.
+
 Taught in day13_1 (generate), day14_2 (chat), day29_1 (planned; bench) and day25_3 (golden).
 """
 from __future__ import annotations
@@ -59,7 +65,9 @@ def _add_common(p: argparse.ArgumentParser, *, max_new: int, temperature: float)
     p.add_argument("--vocab-bin", metavar="FILE", default=None,
                    help="the engine's vocab.bin (for --tokenizer greedy; default: compiled from the tokenizer.json)")
     p.add_argument("--ctx", type=int, default=4096, metavar="N", help="context limit in tokens (default 4096)")
-    p.add_argument("--threads", type=int, default=None, metavar="N", help="numba threads (default: all cores)")
+    _add_cpus(p)
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="numba threads (default: one per CPU of --cpus)")
     p.add_argument("--key-file", metavar="K", default=None,
                    help="key file of an SM4-encrypted VQF (default: $KESTREL_KEY_FILE; see `kestrel-lab vqf keygen`)")
 
@@ -69,6 +77,12 @@ def _add_image_size(p: argparse.ArgumentParser) -> None:
                    help="Qwen3-VL: smallest image area after the resize (default 65,536)")
     p.add_argument("--max-pixels", type=int, default=None, metavar="N",
                    help="Qwen3-VL: largest image area after the resize (default 16,777,216)")
+
+
+def _add_cpus(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cpus", default=None, metavar="SET",
+                   help="where the engine runs: big (the fastest cluster, the default), little, all, or a CPU "
+                        "list such as 4-7 (an RK3588's A76 cores)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -113,10 +127,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--config", default=None, help=f"HF config.json (default data/configs/{DEFAULT_CONFIG})")
     b.add_argument("--quant", default="q4_0", choices=["q4_0", "q4_8x8l", "q8_0", "f16"],
                    help="weight format of the random model (default q4_0)")
-    b.add_argument("--threads", default=None, help="comma-separated thread counts (default: 1 and all)")
+    _add_cpus(b)
+    b.add_argument("--threads", default=None, help="comma-separated thread counts (default: 1 and one per CPU of --cpus)")
     b.add_argument("--decode-tokens", type=int, default=DECODE_TOKENS, help="decode steps timed (default 32)")
     b.add_argument("--torch", dest="torch", action=argparse.BooleanOptionalAction, default=True,
-                   help="also time transformers fp32 and bf16 (default: on when installed)")
+                   help="also time transformers fp32 and bf16 (default: when installed; skipped, saying so, when not)")
     b.add_argument("--json", action="store_true", help="print the result as JSON")
     b.add_argument("--record", metavar="RUNNER", help="record the figures as day29_1 (day20_2 with --vision) for RUNNER")
     b.add_argument("--layers", type=int, default=None, metavar="N",
@@ -136,6 +151,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         g.add_argument("--model", default="qwen3-tiny-poem", help="an embedded model under data/models/")
         g.add_argument("--quant", action="append", choices=("f32", "f16", "q8_0", "q4_0"),
                        help="only this quantization (repeatable; default all)")
+        _add_cpus(g)
         g.set_defaults(func=_golden_check if action == "check" else _golden_update)
 
 
@@ -153,12 +169,42 @@ def _load(args):
     if args.max_new < 0:
         raise ValueError(f"--max-new {args.max_new}: must be ≥ 0")
     params = _params(args)
+    args.cpu_choice = _use_cpus(args.cpus)
     engine = open_engine(args.model, max_context=args.ctx, threads=args.threads, key_file=args.key_file)
     if args.tokenizer_json is None and args.vocab_bin is None:
         tok = Tokenizer.default(encoder=args.tokenizer)
     else:
         tok = Tokenizer.from_files(args.tokenizer_json, args.vocab_bin, encoder=args.tokenizer)
     return engine, tok, params
+
+
+def _use_cpus(spec: str | None):
+    """Pin the process to ``--cpus`` (default: the fastest cluster)."""
+    from kestrel_lab.threads import use_cpus
+
+    return use_cpus(spec)
+
+
+def _where(args, engine) -> str:
+    """The per-turn line's second half: which CPUs, how many threads, numba's threading layer."""
+    from kestrel_lab.threads import threading_layer
+
+    layer = threading_layer()
+    return f"[{args.cpu_choice.note()} | {engine.threads} threads | numba layer {layer or '—'}]"
+
+
+_LAYER_WARNED = []
+
+
+def _warn_layer() -> None:
+    from kestrel_lab.threads import threading_layer
+
+    layer = threading_layer()
+    if layer and layer != "omp" and not _LAYER_WARNED:
+        _LAYER_WARNED.append(layer)
+        from kestrel_lab import machine
+
+        print(f"warning: {machine.layer_warning(layer, machine.libgomp_loadable())}", file=sys.stderr)
 
 
 def _write(text: str) -> None:
@@ -232,7 +278,8 @@ def _generate(args) -> int:
     out = generate(engine, tok, ids, params, max_new=args.max_new, on_text=_write)
     if out.text and not out.text.endswith("\n"):
         _write("\n")
-    print(out.stats.line(), file=sys.stderr)
+    print(out.stats.line(), _where(args, engine), file=sys.stderr)
+    _warn_layer()
     return 0
 
 
@@ -317,7 +364,8 @@ def _chat(args) -> int:
             continue
         if not res.text.endswith("\n"):
             _write("\n")
-        print(res.stats.line(), file=sys.stderr)
+        print(res.stats.line(), _where(args, engine), file=sys.stderr)
+        _warn_layer()
 
 
 def _bench(args) -> int:
@@ -325,8 +373,18 @@ def _bench(args) -> int:
 
     from kestrel_lab.engine.bench import format_table, record, run
 
-    threads = [int(t) for t in args.threads.split(",")] if args.threads else None
+    from kestrel_lab import machine
+    from kestrel_lab.threads import use_cpus
+
+    try:
+        threads = [int(t) for t in args.threads.split(",")] if args.threads else None
+    except ValueError:
+        raise ValueError(f"--threads {args.threads!r}: give thread counts separated by commas, e.g. 1,4") from None
     log = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
+    choice = use_cpus(args.cpus)
+    log(f"bench: {choice.note()}")
+    for w in machine.fingerprint(probe_threading=True, cpus=list(choice.cpus))["warnings"]:
+        print(f"warning: {w}", file=sys.stderr)
     if args.vision:
         from kestrel_lab.engine import vision_bench
 
@@ -351,6 +409,7 @@ def _bench(args) -> int:
 
         res = run(args.config, args.quant, threads, args.torch, args.decode_tokens, log=log,
                   key_file=resolve_key_file(args.key_file))
+    res["cpus"] = list(choice.cpus)
     if args.json:
         print(json.dumps(res, indent=1, default=str))
     else:
@@ -362,6 +421,8 @@ def _bench(args) -> int:
 
 def _golden_check(args) -> int:
     from kestrel_lab import golden
+
+    _use_cpus(args.cpus)
 
     bad = 0
     for r in golden.check(args.model, args.quant):
@@ -376,6 +437,8 @@ def _golden_check(args) -> int:
 
 def _golden_update(args) -> int:
     from kestrel_lab import golden
+
+    _use_cpus(args.cpus)
 
     for line in golden.update(args.model, tuple(args.quant or golden.QUANTS)):
         print(line)
