@@ -14,9 +14,17 @@ BOARD_SUBSET = frozenset(
 
 
 def pytest_collection_modifyitems(config, items):
+    """Mark the board subset; skip the long fuzz run unless asked (``-m fuzz_long`` or
+    ``KESTREL_FUZZ_LONG=1``)."""
     for item in items:
         if item.path.name in BOARD_SUBSET:
             item.add_marker(pytest.mark.board)
+    if "fuzz_long" in (config.getoption("-m") or "") or os.environ.get("KESTREL_FUZZ_LONG") == "1":
+        return
+    skip = pytest.mark.skip(reason="long fuzz run: pass -m fuzz_long or set KESTREL_FUZZ_LONG=1")
+    for item in items:
+        if "fuzz_long" in item.keywords:
+            item.add_marker(skip)
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -38,12 +46,3 @@ def data(tmp_path, monkeypatch):
     monkeypatch.delenv(measure.STAGE_ENV, raising=False)
     return d
 
-
-def pytest_collection_modifyitems(config, items):
-    """The long fuzz run only when asked: ``-m fuzz_long`` or ``KESTREL_FUZZ_LONG=1``."""
-    if "fuzz_long" in (config.getoption("-m") or "") or os.environ.get("KESTREL_FUZZ_LONG") == "1":
-        return
-    skip = pytest.mark.skip(reason="long fuzz run: pass -m fuzz_long or set KESTREL_FUZZ_LONG=1")
-    for item in items:
-        if "fuzz_long" in item.keywords:
-            item.add_marker(skip)
