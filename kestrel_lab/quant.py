@@ -184,7 +184,7 @@ def repack_q4_8x8l(q4: np.ndarray, rows: int, cols: int) -> np.ndarray:
 
 
 def unpack_q4_8x8l(raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
-    """Q4_8X8L bytes → Q4_0 bytes (rows, cols/32*18): the inverse of ``repack_q4_8x8l``."""
+    """Q4_8X8L bytes → Q4_0 bytes (rows, cols/32*18): the inverse of ``repack_q4_8x8l``. Taught in day06_2."""
     nb = cols // QK
     g = np.asarray(raw, dtype=np.uint8).reshape(rows // 8, nb, 144)
     scales = g[..., :16].reshape(rows // 8, nb, 8, 2)

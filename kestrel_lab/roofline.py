@@ -12,7 +12,12 @@ read). Arrays are several times the last-level cache so the figures are DRAM fig
 the median of ``repeat`` timed runs after one untimed warm-up (which also compiles the numba kernels,
 cached on disk with ``cache=True``).
 
-Taught in day02_3.
+The other ceiling of a kernel is its own instruction mix: ``int8_dot_peak`` runs the engine's Q4_0 ×
+Q8_0 group function on a few KiB that stay in L1, so memory is out of the way, and reports integer
+multiply-adds per second (and the GB/s of Q4_0 weights they amount to). A matvec is bound by the
+smaller of the two.
+
+Taught in day02_3 (bandwidth, the roofline) and day07_3 (the compute limit of the Q4 kernel).
 """
 from __future__ import annotations
 
@@ -25,6 +30,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from kestrel_lab.engine import kernels as _K
+from kestrel_lab.engine import kernels_v16 as _V
 from kestrel_lab.measure import timeit
 from kestrel_lab.threads import numba_threads, resolve_threads  # noqa: F401 - lessons reach them here too
 
@@ -338,3 +345,132 @@ def weights_read_per_token(config: dict, block_bytes: int = 18, block_values: in
         "total": layer_matrix_bytes + lm_head_bytes + norms,
     }
 
+
+
+# ----------------------------------------------------------------------------- the compute limit
+# The engine's Q4 decode kernels, run on a few row groups that stay in L1: memory is then (almost) free,
+# and what is left is the kernel's own instruction mix — its compute limit. The group index varies
+# with the iteration so that LLVM cannot hoist the work out of the timing loop.
+@njit(parallel=True, fastmath=True, cache=True)
+def _peak_r32(nib, sc, xq, xc, xd, iters, last):
+    G = nib.shape[0]
+    for u in prange(last.shape[0]):
+        F = np.empty(_K.QR, np.float32)
+        Si = np.empty(sc.shape[1], np.int32)
+        Sf = Si.view(np.float32)
+        for it in range(iters):
+            g = (it + u) % G
+            _K._group_r32(nib[g], sc[g], xq[0], xc[0], xd[0], F, Si, Sf)
+        last[u, :] = F
+
+
+def _make_peak_v16(vnni: bool):
+    """The same loop over ``Q4_0_V16`` groups (``vpdpbusd`` when ``vnni``, else the portable twin)."""
+    @njit(parallel=True, fastmath=True, cache=True)
+    def peak(nib, sc, xq, xc, xd, iters, last):
+        G = nib.shape[0]
+        xw = xq[0].view(np.int32)
+        for u in prange(last.shape[0]):
+            F = np.empty(_V.QV, np.float32)
+            Si = np.empty(sc.shape[1], np.int32)
+            for it in range(iters):
+                g = (it + u) % G
+                if vnni:
+                    _V._group_vnni(nib[g], sc[g], xw, xc[0], xd[0], F, Si)
+                else:
+                    _V._group_portable(nib[g], sc[g], xw, xc[0], xd[0], F, Si)
+            last[u, :] = F
+    return peak
+
+
+_peak_v16_vnni = _make_peak_v16(True)
+_peak_v16_portable = _make_peak_v16(False)
+
+Q4_0_BYTES_PER_WEIGHT = 18 / 32     # fp16 scale + 16 bytes of nibbles per 32 weights
+
+
+def _peak_case(layout: str, cols: int, groups: int, seed: int = 0):
+    """Random Q4_0 rows split into ``layout``'s planes, a Q8_0 activation, and the kernel to loop."""
+    from kestrel_lab.engine.registry import host_features
+
+    qr = {"Q4_0_R32": _K.QR, "Q4_0_V16": _V.QV}[layout]
+    rng = np.random.default_rng(seed)
+    rows, nb = groups * qr, cols // _K.QK
+    q4 = rng.integers(0, 256, size=(rows, nb, _K.Q4_BYTES), dtype=np.uint8)
+    q4[..., :2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)     # a sane fp16 scale
+    q4 = q4.reshape(rows, nb * _K.Q4_BYTES)
+    x = rng.standard_normal((1, cols), dtype=np.float32)
+    xq, xd, xc = np.empty((1, cols), np.int8), np.empty((1, nb), np.float32), np.empty((1, nb), np.int16)
+    _K.quantize_act(x, xq, xd)
+    _K.act_block_sums(xq, xc)
+    if layout == "Q4_0_R32":
+        nib, sc = np.empty((groups, nb * 16 * qr), np.uint8), np.empty((groups, nb * qr), np.uint16)
+        _K.repack_q4_0_to_r32(q4, nib, sc, 1)
+        kernel, name = _peak_r32, "kernels._group_r32 (int16 lanes)"
+    else:
+        nib, sc = np.empty((groups, nb * _V.BLOCK_BYTES), np.uint8), np.empty((groups, nb * qr), np.uint16)
+        _V.repack_q4_0_to_v16(q4, nib, sc, 1)
+        vnni = "avx512_vnni" in host_features()
+        kernel = _peak_v16_vnni if vnni else _peak_v16_portable
+        name = "kernels_v16._group_vnni (vpdpbusd)" if vnni else "kernels_v16._group_portable (plain loops)"
+    return {"q4": q4, "nib": nib, "sc": sc, "xq": xq, "xc": xc, "xd": xd, "kernel": kernel, "name": name,
+            "rows_per_group": qr}
+
+
+def int8_dot_peak(threads: int | None = None, layout: str | None = None, cols: int = 512, groups: int = 2,
+                  repeat: int = 5, seconds: float = 0.05) -> dict:
+    """The compute limit of the engine's Q4_0 × Q8_0 decode kernel: multiply-adds per second on L1 data.
+
+    Runs the kernel's own inner function (one row group × one token: ``kernels._group_r32`` or
+    ``kernels_v16``'s group, per ``layout``; default ``registry.q4_load_layout()``, what the engine
+    uses here) over ``groups`` row groups of ``cols`` columns — a few KiB, resident in L1 — on one
+    work unit per thread, so the figure is the instruction mix's speed with memory out of the way.
+    ``weight_gbs`` is the same figure in the bandwidth's units (Q4_0: 18 bytes per 32 weights): the
+    GB/s of weights the kernel could consume if DRAM were infinitely fast. A matvec cannot exceed
+    min(read bandwidth, ``weight_gbs``). Each timed run lasts about ``seconds``; figures are medians
+    of ``repeat`` runs after a warm-up. Returns ``gmacs``, ``gmacs_per_thread``, ``weight_gbs``,
+    ``weight_gbs_per_thread``, ``spread``, ``samples``, ``threads``, ``layout``, ``kernel``,
+    ``resident_bytes``, ``iters``. Taught in day07_3.
+    """
+    from kestrel_lab.engine.registry import q4_load_layout
+
+    _check_positive("cols", cols)
+    _check_positive("groups", groups)
+    _check_positive("repeat", repeat)
+    _check_positive("seconds", seconds, float)
+    if cols % _K.QK:
+        raise ValueError(f"cols must be a multiple of {_K.QK}, got {cols}")
+    layout = layout or q4_load_layout()
+    if layout not in ("Q4_0_R32", "Q4_0_V16"):
+        raise ValueError(f"layout must be 'Q4_0_R32' or 'Q4_0_V16', got {layout!r}")
+    case = _peak_case(layout, cols, groups)
+    kernel, qr = case["kernel"], case["rows_per_group"]
+    args = (case["nib"], case["sc"], case["xq"], case["xc"], case["xd"])
+    with numba_threads(threads) as nt:
+        last = np.empty((nt, qr), np.float32)
+        kernel(*args, groups, last)                          # compile / load, and warm the caches
+        iters = 256
+        while True:                                           # calibrate: a run of about ``seconds``
+            t = timeit(lambda: kernel(*args, iters, last), repeat=1, warmup=0).best
+            if t >= seconds / 4 or iters >= 1 << 30:
+                break
+            iters *= 4
+        iters = max(1, int(iters * seconds / max(t, 1e-9)))
+        timing = timeit(lambda: kernel(*args, iters, last), repeat=repeat, warmup=1)
+    macs = nt * iters * qr * cols
+    gmacs = macs / timing.median / GB
+    return {
+        "gmacs": gmacs,
+        "gmacs_per_thread": gmacs / nt,
+        "weight_gbs": gmacs * Q4_0_BYTES_PER_WEIGHT,
+        "weight_gbs_per_thread": gmacs * Q4_0_BYTES_PER_WEIGHT / nt,
+        "spread": timing.spread,
+        "samples": timing.samples,
+        "threads": nt,
+        "layout": layout,
+        "kernel": case["name"],
+        "resident_bytes": case["nib"].nbytes + case["sc"].nbytes + case["xq"].nbytes,
+        "iters": iters,
+        "cols": int(cols),
+        "repeat": int(repeat),
+    }

@@ -178,3 +178,38 @@ def test_chunk_count():
     assert roofline._n_chunks(256 * 2**20, 2) == 2 * roofline._CHUNKS_PER_THREAD
     assert roofline._n_chunks(3 * 2**20, 8) == 3  # never below 1 MiB per unit
     assert roofline._n_chunks(100, 4) == 1
+
+
+@pytest.mark.parametrize("layout", ["Q4_0_R32", "Q4_0_V16"])
+def test_int8_dot_peak_kernel_computes_the_matvec(layout):
+    """The compute-limit loop runs the engine's real group function: its last outputs are the rows of
+    the matvec of the group it ended on, checked against a float64 dequantized product."""
+    from kestrel_lab import quant as Q
+
+    case = roofline._peak_case(layout, cols=256, groups=3)
+    qr = case["rows_per_group"]
+    units, iters = 2, 5
+    last = np.zeros((units, qr), np.float32)
+    case["kernel"](case["nib"], case["sc"], case["xq"], case["xc"], case["xd"], iters, last)
+    w = Q.dequantize(case["q4"].reshape(-1), Q.Q4_0, 3 * qr, 256).astype(np.float64)
+    x = case["xq"][0].astype(np.float64) * np.repeat(case["xd"][0].astype(np.float64), 32)
+    y = w @ x
+    for u in range(units):
+        g = (iters - 1 + u) % 3
+        np.testing.assert_allclose(last[u], y[g * qr:(g + 1) * qr], rtol=1e-4, atol=1e-4)
+
+
+def test_int8_dot_peak_reports_consistent_units():
+    res = roofline.int8_dot_peak(threads=1, layout="Q4_0_R32", repeat=2, seconds=0.01)
+    assert res["threads"] == 1 and res["layout"] == "Q4_0_R32" and len(res["samples"]) == 2
+    macs = res["iters"] * 32 * res["cols"]
+    assert res["gmacs"] == pytest.approx(macs / np.median(res["samples"]) / 1e9)
+    assert res["weight_gbs"] == pytest.approx(res["gmacs"] * 18 / 32)
+    assert res["resident_bytes"] < 64 * 1024
+
+
+@pytest.mark.parametrize("kw,err", [({"layout": "Q8_0"}, ValueError), ({"cols": 100}, ValueError),
+                                    ({"groups": 0}, ValueError), ({"threads": 0}, ValueError)])
+def test_int8_dot_peak_rejects_bad_arguments(kw, err):
+    with pytest.raises(err):
+        roofline.int8_dot_peak(repeat=1, seconds=0.001, **kw)

@@ -18,7 +18,8 @@ next to the others:
   start (a fresh process, cache warm, file in the page cache: from process start to the first token).
 
 ``--json`` prints the result as JSON; ``--record RUNNER`` stores the figures with provenance under
-``data/measurements/RUNNER/day29_1.json``. Taught in day07_3, day23_1, day24_2 and day29_1.
+``data/measurements/RUNNER/day29_1.json``. ``memory_snapshot`` reads what the kernel counts of a process's memory
+(smaps_rollup). Taught in day07_3, day23_1, day24_1, day24_2 and day29_1.
 """
 from __future__ import annotations
 
@@ -80,6 +81,37 @@ def engine_speed(path, threads: int, prompt_len: int = PROMPT_TOKENS, decode_tok
             "decode_ms_median": 1e3 * float(np.median(steps)), "load_s": load_s,
             "repack_s": eng.repack_seconds, "weight_bytes_per_token": eng.weight_bytes_per_token,
             "weight_qtypes": sorted(set(eng.weight_qtypes.values())), "kernels": eng.kernel_paths()}
+
+
+def memory_snapshot(pid: "int | str" = "self") -> dict:
+    """A process's memory as the kernel counts it, in bytes: the fields of ``/proc/PID/smaps_rollup``
+    plus ``RssAnon`` / ``RssFile`` / ``RssShmem`` of ``/proc/PID/status``.
+
+    ``Rss`` counts resident pages; ``Pss`` divides each page among the processes mapping it (a file
+    mapped by two processes counts half in each); ``Shared_*`` / ``Private_*`` say whether another
+    process maps the page too; ``*_Clean`` pages can be dropped and re-read from their file,
+    ``*_Dirty`` ones cannot; ``Anonymous`` is memory backed by no file (heap, copies made at load, the
+    KV cache), ``AnonHugePages`` the part of it in 2 MiB transparent huge pages. Linux only: raises
+    ``OSError`` naming the file when it cannot be read. Taught in day24_1.
+    """
+    out: dict[str, int] = {}
+    for name, wanted in (("smaps_rollup", None), ("status", ("RssAnon", "RssFile", "RssShmem"))):
+        path = Path("/proc") / str(pid) / name
+        try:
+            text = path.read_text(encoding="ascii", errors="replace")
+        except OSError as e:
+            raise OSError(f"{path}: cannot read it ({e.strerror}); memory_snapshot needs Linux ≥ 4.14") from e
+        for lineno, line in enumerate(text.splitlines(), 1):
+            parts = line.split()
+            if len(parts) < 3 or parts[-1] != "kB" or (wanted and parts[0].rstrip(":") not in wanted):
+                continue
+            try:
+                out[parts[0].rstrip(":")] = int(parts[-2]) * 1024
+            except ValueError:
+                raise ValueError(f"{path}:{lineno}: expected '<field>: <number> kB', got {line!r}") from None
+    if "Rss" not in out:
+        raise ValueError(f"/proc/{pid}/smaps_rollup: no 'Rss:' field")
+    return out
 
 
 def _random_blocks(rng, rows: int, nb: int, block_bytes: int) -> np.ndarray:

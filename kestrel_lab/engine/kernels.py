@@ -327,7 +327,7 @@ def matvec_q4_0(w, xq, xd, lut, out, nchunk):
 @njit(parallel=True, fastmath=True, cache=True)
 def matvec3_q4_0(wa, wb, wc, xq, xd, lut, oa, ob, oc, nchunk):
     """Three plain-Q4_0 matvecs on the same activation in one parallel region (Q, K, V of a layer):
-    decode runs ~200 parallel regions per token and each costs a thread hand-off. Taught in day07_3 (planned)."""
+    decode runs ~200 parallel regions per token and each costs a thread hand-off. Taught in day07_3."""
     na, nb_, nc = oa.shape[0], ob.shape[0], oc.shape[0]
     n = na + nb_ + nc
     step = (n + nchunk - 1) // nchunk
@@ -536,7 +536,7 @@ def matvec3_q4_8x8l(wa, wb, wc, xe, xd, lut, oa, ob, oc, nchunk):
     """Three Q4_8X8L matvecs on the same activation in one parallel region (Q, K and V of a layer).
 
     Decode runs ~200 parallel regions per token; each costs a thread hand-off, so the three
-    projections that read the same normalized vector share one. Taught in day07_3 (planned).
+    projections that read the same normalized vector share one. Taught in day07_3.
     """
     na, nb_, nc = oa.shape[0] // 8, ob.shape[0] // 8, oc.shape[0] // 8
     ng = na + nb_ + nc
@@ -746,7 +746,8 @@ def matvec_q4_r32(nib, sc, xq, xc, xd, out, nchunk):
 
     ``xq``/``xd`` the Q8_0 activation (1, K), (1, K/32); ``xc`` its ``act_block_sums`` (1, K/32).
     Rows are the SIMD lanes: per 32 weights of a row the loop spends ~8 integer vector instructions
-    (the 16-lane kernel ~25), and a block's float work is done once per 32 products. Taught in day07_1.
+    (the 16-lane kernel ~25), and a block's float work is done once per 32 products. Taught in day07_1
+    and day06_3.
     """
     ng = nib.shape[0]
     step = (ng + nchunk - 1) // nchunk
@@ -763,7 +764,7 @@ def matvec_q4_r32(nib, sc, xq, xc, xd, out, nchunk):
 def matvec3_q4_r32(na_, sa, nb_, sb, nc_, scc, xq, xc, xd, oa, ob, oc, nchunk):
     """Q, K and V (split row-interleaved Q4_0) on the same activation in one parallel region.
 
-    Taught in day07_3 (planned)."""
+    Taught in day07_3."""
     ga, gb = na_.shape[0], nb_.shape[0]
     ng = ga + gb + nc_.shape[0]
     step = (ng + nchunk - 1) // nchunk
@@ -942,7 +943,7 @@ def parse_asm(asm: str, isa: str | None = None) -> dict:
     ``registers`` (count per register class, widest first: zmm/ymm/xmm on x86, v on aarch64),
     ``packed`` (packed multiply(-add) mnemonics with their counts; on aarch64 only their vector
     forms count, since ``mul``/``mla`` also exist for general registers) and the most frequent
-    mnemonics in ``top``. Taught in day03_2.
+    mnemonics in ``top``. Taught in day03_2 and day06_1.
     """
     from collections import Counter
 
@@ -974,7 +975,7 @@ def asm_summary(kernel, signature: int = 0) -> dict:
     Packed integer multiplies in the hot loop (``vpmullw``/``vpmaddwd`` on x86, ``sdot``/``mla`` on
     the board's A76) mean it vectorized; a wall of scalar ``vaddss``/``fadd s0`` means it did not. On
     x86 the keys ``zmm``/``ymm``/``xmm`` are kept for convenience. Call the kernel once first so that
-    it is compiled. Taught in day03_2; day06_1（计划中） reads the assembly in depth.
+    it is compiled. Taught in day03_2; day06_1 reads the assembly in depth.
     """
     if not kernel.signatures:
         raise ValueError(f"{kernel.__name__} has not been compiled yet: call it once first")

@@ -23,7 +23,8 @@ float accumulator.
 Every kernel has a **portable** twin on the same layout (plain loops, any CPU) that computes the same
 exact integer sums; the registry picks the VNNI one where the host reports ``avx512_vnni``. The
 intrinsic names an x86 instruction: on another ISA it is never compiled, because the registry never
-selects it there (numba compiles on first call). Taught in day06_3 (planned).
+selects it there (numba compiles on first call). Taught in day06_1 (the intrinsic), day06_3 (the layout
+table) and day07_1 (the same pattern with 4 rows: the A76's ``q4_0_4x4``).
 """
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def repack_q4_0_to_v16(src, nib, sc, nchunk):
     """Plain Q4_0 (rows, K/32·18) → ``Q4_0_V16``: ``nib`` (rows/16, K/32·256) uint8 and ``sc``
     (rows/16, K/32·16) uint16, the rows' fp16 scale bits per block (see the module docstring).
 
-    ``rows`` must be a multiple of 16. Taught in day06_3 (planned)."""
+    ``rows`` must be a multiple of 16. Taught in day06_3 and day07_1."""
     rows, rb = src.shape
     nb = rb // K.Q4_BYTES
     ng = rows // QV
@@ -95,7 +96,7 @@ def _is(t, dtype) -> bool:
 def block16_sums(typingctx, w, wo, x, xo, c, out):
     """``out[0:16] = c + Σ_j q_rj·x_j`` for the 16 rows of one ``Q4_0_V16`` block (``w[wo:wo+256]``),
     ``x`` the activation's int8 values viewed as int32 words (the block's 8 words at ``xo``): the
-    exact integer sums, which tests compare with the portable kernel's."""
+    exact integer sums, which tests compare with the portable kernel's. Taught in day06_1."""
     if not (_is(w, types.uint8) and _is(x, types.int32) and _is(out, types.int32)
             and isinstance(wo, types.Integer) and isinstance(xo, types.Integer) and c == types.int32):
         return None
@@ -139,7 +140,9 @@ def block16_fma(typingctx, w, wo, x, xo, c, s, so, dx, F):
 
 @njit(cache=True)
 def block16_sums_vnni(w, wo, x, xo, c, out):
-    """``block16_sums`` callable from Python (an intrinsic is usable only inside compiled code)."""
+    """``block16_sums`` callable from Python (an intrinsic is usable only inside compiled code).
+
+    Taught in day06_1 and day06_3."""
     block16_sums(w, wo, x, xo, c, out)
 
 
@@ -153,7 +156,7 @@ def _byte(word, i):
 
 @njit(cache=True)
 def block16_sums_portable(w, wo, xw, xo, c, out):
-    """``block16_sums`` in plain loops (any CPU): the same exact int32 sums."""
+    """``block16_sums`` in plain loops (any CPU): the same exact int32 sums. Taught in day06_1 and day07_1."""
     for r in range(QV):
         acc = np.int32(c)
         for k in range(4):

@@ -459,7 +459,7 @@ class Qwen3Engine:
         Mapped bytes are page cache, shared by every process that maps the same file; copied bytes are
         private to this process (the default engine row-interleaves plain Q4_0 at load, see the module
         docstring). Writing the interleaved layout at conversion time would make every byte in place.
-        Taught in day16_1 and day17_3.
+        Taught in day16_1, day17_3 and day24_1.
         """
         out = {"in_place_bytes": sum(self.bytes_in_place.values()),
                "copied_at_load_bytes": sum(self.bytes_copied.values()),

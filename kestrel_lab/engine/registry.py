@@ -25,7 +25,7 @@ one ``@register`` away. ``qkv``/``swiglu`` fall back to separate ``one`` calls f
 fused kernel. ``experts`` (Qwen3-MoE, ``engine.moe``): plain Q4_0 experts have a grouped kernel that reads
 the file's rows in place; the other layouts go expert by expert through their ``many`` kernels.
 Each ``Kernel`` counts its calls, so the bench and the provenance can say which ran.
-Taught in day06_3 (planned).
+Taught in day06_1 (host features), day06_3 (the table) and day07_1 (what the board would pick).
 """
 from __future__ import annotations
 
@@ -84,6 +84,7 @@ def host_features() -> frozenset[str]:
     """The CPU features kernels may require, from /proc/cpuinfo (x86 ``flags``, ARM ``Features``).
 
     ARM's ``asimddp`` is reported as ``dotprod`` (the A76's ``sdot``), ``i8mm`` as ``i8mm``.
+    Taught in day06_1.
     """
     feats: set[str] = set()
     try:
@@ -103,7 +104,7 @@ def host_features() -> frozenset[str]:
 
 def select(layout: str, call: str, features: frozenset[str] | None = None) -> Kernel | None:
     """The kernel for (layout, call) on a host with ``features``: an ISA-specific one it supports,
-    else the portable one; None when nothing is registered for the pair."""
+    else the portable one; None when nothing is registered for the pair. Taught in day06_3."""
     entries = TABLE.get((layout, call), [])
     features = host_features() if features is None else features
     special = [k for k in entries if k.isa != PORTABLE and k.isa in features]
@@ -126,7 +127,8 @@ PLANE_LAYOUTS = {"Q4_0_R32": 32, "Q4_0_V16": 16}   # layouts made from plain Q4_
 def q4_load_layout(features: frozenset[str] | None = None) -> str:
     """The layout the engine splits plain Q4_0 into at load on this host: ``Q4_0_V16`` where an
     ISA-specific kernel for it is available (AVX-512 VNNI), else ``Q4_0_R32`` (faster than the
-    portable ``Q4_0_V16`` kernels). ``KESTREL_Q4_LAYOUT=r32|v16`` forces one, to measure both."""
+    portable ``Q4_0_V16`` kernels). ``KESTREL_Q4_LAYOUT=r32|v16`` forces one, to measure both.
+    Taught in day06_3 and day07_1."""
     forced = os.environ.get("KESTREL_Q4_LAYOUT", "").strip().lower()
     if forced:
         name = {"r32": "Q4_0_R32", "v16": "Q4_0_V16"}.get(forced)
@@ -138,7 +140,9 @@ def q4_load_layout(features: frozenset[str] | None = None) -> str:
 
 
 def table_rows() -> list[tuple[str, str, str, str]]:
-    """(layout, call, isa, kernel name) of every registered kernel, for the docs and the bench."""
+    """(layout, call, isa, kernel name) of every registered kernel, for the docs and the bench.
+
+    Taught in day06_3."""
     return [(k.layout, k.call, k.isa, k.name) for entries in TABLE.values() for k in entries]
 
 
