@@ -124,8 +124,10 @@ BOUNDS: tuple[Bound, ...] = (
     # ---- images (what an image loader may decode)
     _i("image.width", 1, 65_535, "pixels per side; JPEG cannot store more"),
     _i("image.height", 1, 65_535, "pixels per side; JPEG cannot store more"),
-    _i("image.pixels", 1, 89_478_485, "width × height; Pillow's own decompression-bomb threshold "
-                                      "(Image.MAX_IMAGE_PIXELS)"),
+    _i("image.pixels", 1, 67_108_864, "width × height, 8192²: the image loader's decompression-bomb guard, "
+                                      "checked on the header before a pixel is decoded (Pillow's own "
+                                      "threshold is 89,478,485); vision.preprocess.load_image(max_source_pixels=) "
+                                      "raises it for one call"),
     _i("engine.max_context", 1, 1 << 24, "tokens the KV cache holds; at most max_position_embeddings"),
 )
 BOUND = {b.name: b for b in BOUNDS}

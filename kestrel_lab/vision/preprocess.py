@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from kestrel_lab.limits import BOUND
 from kestrel_lab.vision.prompt import image_key
 
 __all__ = ["VisionInputError", "ImageInput", "load_image", "smart_resize", "to_rgb", "normalize",
@@ -42,8 +43,9 @@ __all__ = ["VisionInputError", "ImageInput", "load_image", "smart_resize", "to_r
 MIN_PIXELS = 65_536          # 256 × 256
 MAX_PIXELS = 16_777_216      # 4096 × 4096
 #: Refuse to decode a source larger than this (8192 × 8192): a decompression-bomb guard, checked on the
-#: header's size before any pixel is decoded. Pass ``max_source_pixels`` to allow more.
-MAX_SOURCE_PIXELS = 67_108_864
+#: header's size before any pixel is decoded; the bound is the one table's (``kestrel_lab.limits``,
+#: ``image.pixels``). Pass ``max_source_pixels`` to allow more.
+MAX_SOURCE_PIXELS = int(BOUND["image.pixels"].hi)
 IMAGE_MEAN = (0.5, 0.5, 0.5)
 IMAGE_STD = (0.5, 0.5, 0.5)
 RESCALE = 1 / 255
@@ -201,6 +203,9 @@ def _check_size(size: tuple[int, int], where: str, max_source_pixels: int) -> No
         raise VisionInputError(f"{where}: {w}×{h} = {w * h:,} pixels is more than max_source_pixels = "
                                f"{max_source_pixels:,} (a decompression-bomb guard); nothing was decoded — "
                                "shrink the image or pass a larger max_source_pixels")
+    if max(w, h) > BOUND["image.width"].hi:
+        raise VisionInputError(f"{where}: {w}×{h}: a side of more than {int(BOUND['image.width'].hi):,} pixels "
+                               "(the image.width/height bound of kestrel_lab.limits) — shrink the image")
     if max(w, h) / min(w, h) > MAX_ASPECT:
         raise VisionInputError(f"{where}: {w}×{h} has aspect ratio {max(w, h) / min(w, h):.0f}, more than "
                                f"the {MAX_ASPECT} the Qwen-VL processor accepts — crop it first")
