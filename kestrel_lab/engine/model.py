@@ -445,12 +445,12 @@ class Qwen3Engine:
 
     @property
     def rope_pos(self) -> int:
-        """The rope position the next token takes (equals ``pos`` until an image is cached). Taught in day21_3 (planned)."""
+        """The rope position the next token takes (equals ``pos`` until an image is cached). Taught in day21_3."""
         return int(self._rope_next[self.cache.pos])
 
     @property
     def rope_delta(self) -> int:
-        """``rope_pos − pos``: transformers' ``rope_deltas`` (≤ 0 after an image). Taught in day21_3 (planned)."""
+        """``rope_pos − pos``: transformers' ``rope_deltas`` (≤ 0 after an image). Taught in day21_3."""
         return self.rope_pos - self.cache.pos
 
     def memory_report(self) -> dict:
@@ -537,7 +537,7 @@ class Qwen3Engine:
         Batched: up to 64 tokens per forward, every matrix applied as a matmul. ``positions`` (3, n):
         explicit MRoPE positions (t, h, w) of the ids (Qwen3-VL with images; default: the next rope
         positions, all three equal); ``images``: the vision features of the ids' image tokens (each
-        chunk takes its slice, DeepStack included). Taught in day10_3 and day21_3 (planned).
+        chunk takes its slice, DeepStack included). Taught in day10_3 and day21_3.
         """
         ids = self._check_ids(ids)
         if ids.size == 0:

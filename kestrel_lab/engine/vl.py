@@ -15,7 +15,7 @@ How an image enters the language model (transformers' ``Qwen3VLModel.forward``, 
 KV reuse across turns compares ``vision.prompt.reuse_keys`` (each pad carries its image's content key),
 not the ids: two different pictures with the same grid have the same ids. Features of an image already
 encoded in this conversation are kept by key (``features_cache``) so a later turn does not re-encode it.
-Taught in day21_3 (planned).
+Taught in day21_3.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ FEATURE_CACHE = 16  # images whose tower output a conversation keeps (by content
 
 
 def image_pad_runs(ids: np.ndarray, image_pad_id: int) -> list[tuple[int, int]]:
-    """(start, end) of each run of image pads in ``ids``: one run per image. Taught in day21_3 (planned)."""
+    """(start, end) of each run of image pads in ``ids``: one run per image. Taught in day21_3."""
     is_pad = np.concatenate([[False], np.asarray(ids) == image_pad_id, [False]])
     edges = np.flatnonzero(is_pad[1:] != is_pad[:-1])
     return [(int(a), int(b)) for a, b in zip(edges[0::2], edges[1::2])]
@@ -55,7 +55,7 @@ class Qwen3VLEngine(Qwen3Engine):
     """``Qwen3Engine`` plus the vision tower of the same VQF file, and prompts with images.
 
     ``prefill_vl(ids, images, keep)`` runs an expanded prompt whose first ``keep`` tokens are already in
-    the cache; ``encode(image)`` runs (or reuses) the tower on one preprocessed image. Taught in day21_3 (planned).
+    the cache; ``encode(image)`` runs (or reuses) the tower on one preprocessed image. Taught in day21_3.
     """
 
     def __init__(self, config, tensors, **kw):
@@ -93,7 +93,7 @@ class Qwen3VLEngine(Qwen3Engine):
         """Make the cache hold the expanded prompt ``ids`` (its images in ``images``, in order) and return
         the logits after its last token. The first ``keep`` tokens are taken as already cached (the cache is
         truncated to them); only images with pads at or after ``keep`` are encoded. Per-image
-        (tokens, seconds, reused) go to ``last_images``. Taught in day21_3 (planned).
+        (tokens, seconds, reused) go to ``last_images``. Taught in day21_3.
         """
         ids = np.asarray(ids, dtype=np.int64)
         images = list(images)
@@ -128,7 +128,7 @@ class Qwen3VLEngine(Qwen3Engine):
 
 def open_engine(path, key_file=None, **kw) -> Qwen3Engine:
     """A ``Qwen3VLEngine`` for a VQF file with a vision tower, else a ``Qwen3Engine`` (an encrypted
-    file opened with ``key_file``, as ``Qwen3Engine.from_vqf`` does). Taught in day21_3 (planned)."""
+    file opened with ``key_file``, as ``Qwen3Engine.from_vqf`` does). Taught in day21_3."""
     from kestrel_lab.vqf.reader import open_vqf
 
     f = open_vqf(path, key_file=key_file)
@@ -153,7 +153,7 @@ class VLConversation:
 
     ``ask(text, images)`` appends a user turn (its images before its text), renders the whole history,
     expands the pads, compares ``reuse_keys`` with what the cache holds, prefills only the rest (encoding
-    only new images) and generates the reply. Taught in day21_3 (planned).
+    only new images) and generates the reply. Taught in day21_3.
     """
 
     engine: Qwen3VLEngine

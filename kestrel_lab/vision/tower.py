@@ -357,7 +357,7 @@ class VisionTower:
     def encode_images(self, images) -> VisionOutput:
         """``encode`` for preprocessed images (objects with ``pixel_values`` and ``grid_thw``), in order.
 
-        Taught in day21_3 (planned).
+        Taught in day21_3.
         """
         images = list(images)
         if not images:
