@@ -237,7 +237,7 @@ def tensor_snr_db(x: np.ndarray, qt: int | str | QType) -> float:
 
     Each extra bit of a uniform quantizer buys ~6 dB, so Q8_0 sits ~24 dB above Q4_0. Sums in float64,
     over chunks of 8192 rows.
-    Taught in day25_2 (the per-tensor SNR table of a quantized file).
+    Taught in day04_3 (SNR per tensor of a real model) and day25_2 (the SNR table of a quantized file).
     """
     q = qtype(qt)
     x = np.asarray(x, dtype=np.float32)
