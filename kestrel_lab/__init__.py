@@ -18,3 +18,10 @@ if "NUMBA_CACHE_DIR" not in _os.environ:
     _os.environ["NUMBA_CACHE_DIR"] = str(_cache_dir() / "numba")
     if "numba" in _sys.modules:  # numba read its config at import: tell it directly
         _sys.modules["numba"].config.CACHE_DIR = _os.environ["NUMBA_CACHE_DIR"]
+
+# transformers imports tqdm.auto, which in a Jupyter kernel without ipywidgets warns "IProgress not
+# found" on every page that compares with transformers; the book builds without widgets on purpose
+# (plain-text progress is fine), so that one message is not shown.
+import warnings as _warnings
+
+_warnings.filterwarnings("ignore", message="IProgress not found")

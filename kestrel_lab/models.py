@@ -320,10 +320,17 @@ def _resave_with_transformers(folder: Path, arch: str, dtype: str) -> None:
                            f"requirements-ref.txt): {e}") from None
     cls = getattr(transformers, _HF_CLASSES[arch])
     torch_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype]
-    model = cls.from_pretrained(folder, dtype=torch_dtype)
-    for f in folder.iterdir():
-        f.unlink()
-    model.save_pretrained(folder)
+    hf_log = transformers.utils.logging
+    bars = hf_log.is_progress_bar_enabled()
+    hf_log.disable_progress_bar()          # a cache being filled is not worth a progress bar in a lesson
+    try:
+        model = cls.from_pretrained(folder, dtype=torch_dtype)
+        for f in folder.iterdir():
+            f.unlink()
+        model.save_pretrained(folder)
+    finally:
+        if bars:
+            hf_log.enable_progress_bar()
 
 
 # ----------------------------------------------------------------------------- the page cache
