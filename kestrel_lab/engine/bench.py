@@ -673,7 +673,8 @@ def paging_decode(path, threads: int = 1, expert_paging: str = "os", decode_toke
                                              for ml in eng.moe_layers.values())
     st = _status_bytes("VmRSS", "VmHWM", "RssAnon", "RssFile")
     return {"expert_paging": expert_paging, "threads": threads, "evicted": evicted,
-            "resident_at_start_bytes": resident0, "file_bytes": os.path.getsize(path),
+            "resident_at_start_bytes": resident0, "resident_at_end_bytes": models.resident_bytes(path),
+            "file_bytes": os.path.getsize(path),
             "load_and_warmup_s": warm_s, "decode_tok_s": decode_tokens / sum(steps),
             "decode_ms_median": 1e3 * float(np.median(steps)),
             "read_bytes_load_and_warmup": None if io0 is None or io1 is None else io1 - io0,
@@ -696,29 +697,43 @@ def _child_env() -> dict:
     return env
 
 
-def memory_limit_run(path, limit, threads: int = 1, decode_tokens: int = DECODE_TOKENS, warmup: int = 4,
-                     rounds: int = 1, timeout: float = 900, log=print, hierarchy=None) -> dict:
+def memory_limit_run(path, limit=None, threads: int = 1, decode_tokens: int = DECODE_TOKENS, warmup: int = 4,
+                     rounds: int = 1, timeout: float = 900, log=print, hierarchy=None,
+                     file_fraction: float | None = None) -> dict:
     """Decode on ``path`` three ways, each in a fresh child process from a cold page cache:
     ``unlimited`` (a cgroup without a limit: the same accounting), ``limited_os`` (a memory cgroup of
     ``limit`` bytes, the OS's default read-ahead) and ``limited_exact`` (the same limit,
     ``expert_paging="exact"``), ``rounds`` times in turn. The cgroup charges the page cache too, so a
     file larger than the limit must be paged in and out as on a board with too little memory.
     Without a cgroup here (``cgroup.unavailable_reason``) the result says why and measures only the
-    unlimited run in a plain child. Taught in day22_3."""
+    unlimited run in a plain child. ``file_fraction`` instead of ``limit``: the limit is what the first
+    unlimited child needed besides the file (its cgroup peak minus the file's pages resident at its
+    end) plus that fraction of the file — a small file made "larger than memory" (day22_3's quick run).
+    Taught in day22_3."""
     from kestrel_lab import cgroup
 
-    lim = cgroup.parse_size(limit)
+    if (limit is None) == (file_fraction is None):
+        raise ValueError("memory_limit_run: give either limit or file_fraction")
+    lim = None if limit is None else cgroup.parse_size(limit)
     why = cgroup.unavailable_reason() if hierarchy is None else None
     size = os.path.getsize(path)
     res = {"vqf": str(path), "file_bytes": size, "limit_bytes": lim, "threads": threads, "decode_tokens": decode_tokens,
            "rounds": rounds, "unavailable": why, "runs": {"unlimited": [], "limited_os": [], "limited_exact": []}}
-    if size <= lim:
+    if lim is not None and size <= lim:
         log(f"warning: the file ({size / 2**30:.2f} GiB) is not larger than the limit ({lim / 2**30:.2f} GiB)")
-    cases = (("unlimited", None, "os"), ("limited_os", lim, "os"), ("limited_exact", lim, "exact"))
+    res["limit_rule"] = (f"the unlimited run's needs besides the file + {file_fraction:.0%} of the file"
+                         if file_fraction is not None else "given")
+    cases = (("unlimited", False, "os"), ("limited_os", True, "os"), ("limited_exact", True, "exact"))
     for r in range(rounds):
-        for name, case_limit, mode in cases:
-            if why and case_limit is not None:
+        for name, limited, mode in cases:
+            if why and limited:
                 continue
+            if limited and res["limit_bytes"] is None:
+                u = res["runs"]["unlimited"][0]
+                own = (u["cgroup_peak_bytes"] or u["rss_peak_bytes"]) - (u["resident_at_end_bytes"] or 0)
+                res["limit_bytes"] = int(own + file_fraction * size)
+                res["own_needs_bytes"] = own
+            case_limit = res["limit_bytes"] if limited else None
             args = json.dumps({"path": str(path), "threads": threads, "expert_paging": mode,
                                "decode_tokens": decode_tokens, "warmup": warmup})
             cmd = [sys.executable, "-c", _PAGING_CHILD, args]
@@ -768,8 +783,9 @@ def summarize_memory_limit(res: dict) -> dict:
 def format_memory_limit(res: dict) -> str:
     """The printed report of ``memory_limit_run``. Taught in day22_3."""
     s = res["summary"]
-    lines = [f"file larger than memory: {Path(res['vqf']).name} {res['file_bytes'] / 2**30:.2f} GiB, limit "
-             f"{res['limit_bytes'] / 2**30:.2f} GiB, {res['threads']} thread(s), {res['decode_tokens']} decode steps, "
+    lim = "none (not measured)" if res["limit_bytes"] is None else f"{res['limit_bytes'] / 2**30:.3f} GiB"
+    lines = [f"file larger than memory: {Path(res['vqf']).name} {res['file_bytes'] / 2**30:.3f} GiB, limit "
+             f"{lim} ({res['limit_rule']}), {res['threads']} thread(s), {res['decode_tokens']} decode steps, "
              f"{res['rounds']} round(s), medians"]
     if res["unavailable"]:
         lines.append(f"no memory cgroup here: {res['unavailable']} — only the unlimited run was measured")
@@ -790,7 +806,7 @@ def format_memory_limit(res: dict) -> str:
 
 
 # ------------------------------------------------------------------------------ MoE vs a dense twin
-DENSE_TWIN_CONFIG = "qwen3-4b.config.json"
+DENSE_TWIN_CONFIG = models.DENSE_TWIN_CONFIG
 
 
 def dense_twin(moe_path, dense_path, threads: list[int], decode_tokens: int = DECODE_TOKENS, rounds: int = 1,
