@@ -483,6 +483,32 @@ def rss_parts() -> dict:
     return {"rss": out.get("VmRSS"), "anon": out.get("RssAnon"), "file": out.get("RssFile")}
 
 
+def decode_steps(eng, logits, n: int):
+    """``n`` greedy decode steps from ``logits``: (the last logits, the seconds of each step). Taught in day22_3."""
+    steps = []
+    for _ in range(n):
+        t1 = time.perf_counter()
+        logits = eng.decode(int(np.argmax(logits)))
+        steps.append(time.perf_counter() - t1)
+    return logits, steps
+
+
+def moe_counted_bytes(eng, bytes_touched: int, tokens: int) -> float:
+    """Weight bytes per token by the engine's own count: every non-expert matrix whole (its
+    ``weight_bytes_per_token`` less the routers and k experts it assumes) plus the router and expert runs
+    the MoE layers report having touched over ``tokens`` tokens. Taught in day22_3."""
+    dense = eng.weight_bytes_per_token - sum(ml.router.nbytes + ml.top_k * ml.experts.expert_bytes
+                                             for ml in eng.moe_layers.values())
+    return dense + bytes_touched / tokens
+
+
+def load_avg_line(res: dict) -> list[str]:
+    """The report's last line: the machine's load average at the end of the run (none where unknown)."""
+    if not res.get("load_avg"):
+        return []
+    return ["machine load average (1/5/15 min) at the end: " + " / ".join(f"{v:.2f}" for v in res["load_avg"])]
+
+
 def moe_first_tokens(path, threads: int, prompt_len: int = 8, cold: bool = True, expert_paging: str = "os") -> dict:
     """Load the engine and produce the first token after a ``prompt_len`` prompt, then one decode step;
     ``cold``: drop the file from the page cache first (``models.evict``). Counts what the OS paged in:
@@ -591,15 +617,8 @@ def moe_run(config_path, layers: int | None = None, quant: str = "q4_0", threads
         prefill_s = time.perf_counter() - t1
         rep = eng.moe_report()
         eng.reset_moe_counters()
-        steps = []
-        for _ in range(decode_tokens):
-            t1 = time.perf_counter()
-            logits = eng.decode(int(np.argmax(logits)))
-            steps.append(time.perf_counter() - t1)
-        dec = eng.moe_report()
-        dense = eng.weight_bytes_per_token - sum(ml.router.nbytes + ml.top_k * ml.experts.expert_bytes
-                                                 for ml in eng.moe_layers.values())
-        counted = dense + dec["bytes_touched"] / decode_tokens
+        logits, steps = decode_steps(eng, logits, decode_tokens)
+        counted = moe_counted_bytes(eng, eng.moe_report()["bytes_touched"], decode_tokens)
         bw = memory_bandwidth(threads=t)["read_gbs"]
         res["engine"][t] = {"decode_tok_s": decode_tokens / sum(steps), "decode_ms_median": 1e3 * float(np.median(steps)),
                             "prefill_tok_s": MOE_PROMPT_TOKENS / prefill_s,
@@ -662,15 +681,9 @@ def paging_decode(path, threads: int = 1, expert_paging: str = "os", decode_toke
     warm_s = time.perf_counter() - t0
     io1 = proc_io_read_bytes()
     eng.reset_moe_counters()
-    steps = []
-    for _ in range(decode_tokens):
-        t1 = time.perf_counter()
-        logits = eng.decode(int(np.argmax(logits)))
-        steps.append(time.perf_counter() - t1)
+    logits, steps = decode_steps(eng, logits, decode_tokens)
     io2 = proc_io_read_bytes()
-    rep = eng.moe_report()
-    dense = eng.weight_bytes_per_token - sum(ml.router.nbytes + ml.top_k * ml.experts.expert_bytes
-                                             for ml in eng.moe_layers.values())
+    counted = moe_counted_bytes(eng, eng.moe_report()["bytes_touched"], decode_tokens)
     st = _status_bytes("VmRSS", "VmHWM", "RssAnon", "RssFile")
     return {"expert_paging": expert_paging, "threads": threads, "evicted": evicted,
             "resident_at_start_bytes": resident0, "resident_at_end_bytes": models.resident_bytes(path),
@@ -679,7 +692,7 @@ def paging_decode(path, threads: int = 1, expert_paging: str = "os", decode_toke
             "decode_ms_median": 1e3 * float(np.median(steps)),
             "read_bytes_load_and_warmup": None if io0 is None or io1 is None else io1 - io0,
             "read_bytes_per_token": None if io1 is None or io2 is None else (io2 - io1) / decode_tokens,
-            "engine_bytes_per_token": dense + rep["bytes_touched"] / decode_tokens,
+            "engine_bytes_per_token": counted,
             "rss_bytes": st.get("VmRSS"), "rss_peak_bytes": st.get("VmHWM"), "rss_anon_bytes": st.get("RssAnon"),
             "rss_file_bytes": st.get("RssFile")}
 
@@ -800,8 +813,7 @@ def format_memory_limit(res: dict) -> str:
         lines.append(f"{label:16s}{v['decode_tok_s']:9.2f}{'' if ratio is None else f'{ratio:.2f}':>13s}"
                      f"{f(v['read_bytes_per_token']):>15s}{f(v['engine_bytes_per_token']):>17s}"
                      f"{f(v['cgroup_peak_bytes'], 2**30, '{:.2f} GiB'):>15s}{f(v['rss_peak_bytes'], 2**30, '{:.2f} GiB'):>11s}")
-    if res.get("load_avg"):
-        lines.append("machine load average (1/5/15 min) at the end: " + " / ".join(f"{v:.2f}" for v in res["load_avg"]))
+    lines += load_avg_line(res)
     return "\n".join(lines)
 
 
@@ -866,8 +878,7 @@ def format_dense_twin(res: dict) -> str:
                      f"{v['predicted_ratio']:.2f}× — " + {"agrees": "agrees (within 25 %)",
                                                           "lower": "DISAGREES: the MoE is slower than the bytes predict",
                                                           "higher": "DISAGREES: the MoE is faster than the bytes predict"}[verdict])
-    if res.get("load_avg"):
-        lines.append("machine load average (1/5/15 min) at the end: " + " / ".join(f"{v:.2f}" for v in res["load_avg"]))
+    lines += load_avg_line(res)
     return "\n".join(lines)
 
 
@@ -915,6 +926,5 @@ def format_moe_table(res: dict) -> str:
         lines.append(format_memory_limit(res["memory_limit"]))
     if res.get("dense_twin"):
         lines.append(format_dense_twin(res["dense_twin"]))
-    if res.get("load_avg"):
-        lines.append("machine load average (1/5/15 min) at the end: " + " / ".join(f"{v:.2f}" for v in res["load_avg"]))
+    lines += load_avg_line(res)
     return "\n".join(lines)
