@@ -793,8 +793,8 @@ def summarize_memory_limit(res: dict) -> dict:
     return out
 
 
-def format_memory_limit(res: dict) -> str:
-    """The printed report of ``memory_limit_run``. Taught in day22_3."""
+def format_memory_limit(res: dict, load: bool = True) -> str:
+    """The printed report of ``memory_limit_run`` (``load``: end with the load-average line). Taught in day22_3."""
     s = res["summary"]
     lim = "none (not measured)" if res["limit_bytes"] is None else f"{res['limit_bytes'] / 2**30:.3f} GiB"
     lines = [f"file larger than memory: {Path(res['vqf']).name} {res['file_bytes'] / 2**30:.3f} GiB, limit "
@@ -813,7 +813,12 @@ def format_memory_limit(res: dict) -> str:
         lines.append(f"{label:16s}{v['decode_tok_s']:9.2f}{'' if ratio is None else f'{ratio:.2f}':>13s}"
                      f"{f(v['read_bytes_per_token']):>15s}{f(v['engine_bytes_per_token']):>17s}"
                      f"{f(v['cgroup_peak_bytes'], 2**30, '{:.2f} GiB'):>15s}{f(v['rss_peak_bytes'], 2**30, '{:.2f} GiB'):>11s}")
-    lines += load_avg_line(res)
+    per_round = [f"{label} {', '.join(f'{x:.2f}' for x in s[name]['speed_vs_unlimited_all'])}"
+                 for name, label in (("limited_os", "OS read-ahead"), ("limited_exact", "exact paging"))
+                 if s.get(name, {}).get("speed_vs_unlimited_all")]
+    if per_round and res["rounds"] > 1:
+        lines.append("limited / unlimited speed, round by round: " + "; ".join(per_round))
+    lines += load_avg_line(res) if load else []
     return "\n".join(lines)
 
 
@@ -864,8 +869,8 @@ def agreement(measured: float, predicted: float, tolerance: float = 0.25) -> str
     return "lower" if measured < predicted else "higher"
 
 
-def format_dense_twin(res: dict) -> str:
-    """The printed report of ``dense_twin``. Taught in day22_2."""
+def format_dense_twin(res: dict, load: bool = True) -> str:
+    """The printed report of ``dense_twin`` (``load``: end with the load-average line). Taught in day22_2."""
     m, d = res["moe"], res["dense"]
     lines = [f"MoE vs dense twin ({m['layers']} layers each): active parameters {m['active_params']['total'] / 1e9:.3f} B "
              f"vs {d['active_params']['total'] / 1e9:.3f} B; weight bytes per token (computed) "
@@ -878,7 +883,7 @@ def format_dense_twin(res: dict) -> str:
                      f"{v['predicted_ratio']:.2f}× — " + {"agrees": "agrees (within 25 %)",
                                                           "lower": "DISAGREES: the MoE is slower than the bytes predict",
                                                           "higher": "DISAGREES: the MoE is faster than the bytes predict"}[verdict])
-    lines += load_avg_line(res)
+    lines += load_avg_line(res) if load else []
     return "\n".join(lines)
 
 
@@ -923,8 +928,8 @@ def format_moe_table(res: dict) -> str:
                  f"file-backed {r['file'] / 1e6:.0f}); weights copied at load {mem['copied_at_load_bytes'] / 1e6:.1f} MB, "
                  f"used in place {mem['in_place_bytes'] / 1e6:.1f} MB (experts {mem.get('experts_in_place_bytes', 0) / 1e6:.1f})")
     if res.get("memory_limit"):
-        lines.append(format_memory_limit(res["memory_limit"]))
+        lines.append(format_memory_limit(res["memory_limit"], load=False))
     if res.get("dense_twin"):
-        lines.append(format_dense_twin(res["dense_twin"]))
+        lines.append(format_dense_twin(res["dense_twin"], load=False))
     lines += load_avg_line(res)
     return "\n".join(lines)
