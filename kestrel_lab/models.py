@@ -45,7 +45,7 @@ from kestrel_lab.quant import QType
 from kestrel_lab.vqf.layout import resolve_quant
 
 __all__ = ["ARCHS", "TRAINED", "SCHEMA", "sources_hash", "vqf", "hf_checkpoint", "default_bench_vqf",
-           "evict", "cache_key_path", "resident_bytes", "default_moe_vqf", "QUICK_MOE"]
+           "evict", "cache_key_path", "resident_bytes", "default_moe_vqf", "QUICK_MOE", "dense_twin_vqf", "QUICK_DENSE_TWIN"]
 
 SCHEMA = "kestrel-lab/models/1"
 ARCHS = ("qwen3", "qwen3_vl", "qwen3_moe")
@@ -63,6 +63,11 @@ MOE_CONFIG = "qwen3-30b-a3b.config.json"
 QUICK_MOE = dict(hidden_size=256, num_attention_heads=8, num_key_value_heads=1, head_dim=64,
                  moe_intermediate_size=96, intermediate_size=768, vocab_size=18992, num_hidden_layers=8)
 QUICK_MOE_FACTOR = 8
+DENSE_TWIN_CONFIG = "qwen3-4b.config.json"
+#: ``dense_twin_vqf(quick=True)``: Qwen3-4B shrunk as ``QUICK_MOE`` shrinks 30B-A3B (every width ÷ 8,
+#: 8 layers): the dense model with about the active parameters of the quick MoE model.
+QUICK_DENSE_TWIN = dict(hidden_size=320, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+                        intermediate_size=1216, vocab_size=18992, num_hidden_layers=8)
 
 _PKG = Path(__file__).resolve().parent
 #: The package sources each kind of file depends on (relative to the package folder).
@@ -249,6 +254,16 @@ def default_moe_vqf(quick: bool = True, layers: int | None = None) -> Path:
     cfg = paths.configs_dir() / MOE_CONFIG
     if quick:
         return vqf(config=cfg, overrides=QUICK_MOE, quant="q4_0", name="qwen3-30b-a3b-w8-l8")
+    return vqf(config=cfg, layers=layers, quant="q4_0")
+
+
+def dense_twin_vqf(quick: bool = True, layers: int | None = None) -> Path:
+    """The dense twin of ``default_moe_vqf``: random weights with Qwen3-4B's shapes (about as many
+    active parameters as 30B-A3B), Q4_0; ``quick``: ``QUICK_DENSE_TWIN`` (widths ÷ 8, 8 layers);
+    otherwise the real shapes cut to ``layers``. Taught in day22_2."""
+    cfg = paths.configs_dir() / DENSE_TWIN_CONFIG
+    if quick:
+        return vqf(config=cfg, overrides=QUICK_DENSE_TWIN, quant="q4_0", name="qwen3-4b-w8-l8")
     return vqf(config=cfg, layers=layers, quant="q4_0")
 
 

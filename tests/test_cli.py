@@ -34,3 +34,31 @@ def test_console_script_runs_runner_info():
     out = subprocess.run([sys.executable, "-m", "kestrel_lab", "runner-info"], capture_output=True,
                          text=True, check=True).stdout
     assert "arch" in out and "numba" in out
+
+
+def _bench_args(*argv):
+    return cli.build_parser().parse_args(["bench", *argv])
+
+
+def test_bench_memory_limit_and_dense_twin_parse():
+    a = _bench_args("--config", "data/configs/qwen3-30b-a3b.config.json", "--layers", "6", "--memory-limit", "1G",
+                    "--dense-twin", "--rounds", "2")
+    assert (a.layers, a.memory_limit, a.dense_twin, a.rounds) == (6, "1G", "", 2)
+    a = _bench_args("--dense-twin", "other.config.json")
+    assert a.dense_twin == "other.config.json"
+    a = _bench_args()
+    assert a.memory_limit is None and a.dense_twin is None and a.rounds == 1
+
+
+@pytest.mark.parametrize("flag", [["--memory-limit", "1G"], ["--dense-twin"]])
+def test_bench_moe_flags_refused_for_a_dense_config(flag, capsys):
+    assert cli.main(["bench", "--config", "data/configs/qwen3-0.6b.config.json", *flag]) == 2
+    assert f"{flag[0]} applies to a Qwen3-MoE --config" in capsys.readouterr().err
+
+
+def test_bench_bad_memory_limit_fails_before_building(capsys, monkeypatch):
+    from kestrel_lab.engine import bench
+
+    monkeypatch.setattr(bench, "moe_run", lambda *a, **k: pytest.fail("moe_run must not start"))
+    assert cli.main(["bench", "--config", "data/configs/qwen3-30b-a3b.config.json", "--memory-limit", "lots"]) == 1
+    assert "memory size 'lots'" in capsys.readouterr().err

@@ -136,6 +136,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--record", metavar="RUNNER", help="record the figures as day29_1 (day20_2 with --vision) for RUNNER")
     b.add_argument("--layers", type=int, default=None, metavar="N",
                    help="a Qwen3-MoE config: keep its first N layers (per-layer figures scale to the whole model)")
+    b.add_argument("--memory-limit", metavar="SIZE", default=None,
+                   help="a Qwen3-MoE config: also decode under a memory cgroup of SIZE (e.g. 1G; needs root and a "
+                        "cgroup memory controller): unlimited vs limited with the OS's read-ahead vs limited with "
+                        "exact expert paging")
+    b.add_argument("--dense-twin", metavar="CONFIG", nargs="?", default=None, const="",
+                   help="a Qwen3-MoE config: also decode a dense model with about as many active parameters at the "
+                        "same layers (default data/configs/qwen3-4b.config.json) and compare with what the bytes predict")
+    b.add_argument("--rounds", type=int, default=1, metavar="N",
+                   help="rounds of the --memory-limit and --dense-twin runs, taken in turn (default 1)")
     b.add_argument("--key-file", metavar="K", default=None,
                    help="also time the engine on an SM4-encrypted copy of the model (default: $KESTREL_KEY_FILE)")
     b.add_argument("--vision", action="store_true",
@@ -399,12 +408,23 @@ def _bench(args) -> int:
             if args.record:
                 print("--record: the MoE bench's figures are recorded by day22_3, not day29_1", file=sys.stderr)
                 return 2
-            res = moe_run(args.config, args.layers, args.quant, threads, args.decode_tokens, log=log)
+            from kestrel_lab.engine.bench import DENSE_TWIN_CONFIG
+            from kestrel_lab.paths import configs_dir
+
+            if args.memory_limit is not None:
+                from kestrel_lab.cgroup import parse_size
+
+                parse_size(args.memory_limit)          # a bad size fails before anything is built
+            twin = None if args.dense_twin is None else (args.dense_twin or configs_dir() / DENSE_TWIN_CONFIG)
+            res = moe_run(args.config, args.layers, args.quant, threads, args.decode_tokens, log=log,
+                          memory_limit=args.memory_limit, dense_twin_config=twin, rounds=args.rounds)
             print(json.dumps(res, indent=1, default=str) if args.json else format_moe_table(res))
             return 0
-        if args.layers is not None:
-            print("--layers applies to a Qwen3-MoE --config", file=sys.stderr)
-            return 2
+        for flag, given in (("--layers", args.layers is not None), ("--memory-limit", args.memory_limit is not None),
+                            ("--dense-twin", args.dense_twin is not None)):
+            if given:
+                print(f"{flag} applies to a Qwen3-MoE --config", file=sys.stderr)
+                return 2
         from kestrel_lab.vqf.protect import resolve_key_file
 
         res = run(args.config, args.quant, threads, args.torch, args.decode_tokens, log=log,

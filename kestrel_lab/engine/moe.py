@@ -272,4 +272,23 @@ def active_bytes(config, quant="q4_0") -> dict[str, int]:
     return out
 
 
-__all__ = ["softmax_f32", "route", "group", "Groups", "ExpertStack", "MoELayer", "active_bytes", "advise", "PAGING"]
+def active_params(config) -> dict[str, int]:
+    """Parameters one decoded token uses, by part (``ModelConfig.param_counts`` restricted to what a token
+    reads): the embedding (one table; a tied LM head is the same table, counted once), every attention
+    matrix and norm, each MoE layer's router and ``num_experts_per_tok`` of its experts (three matrices
+    of ``moe_intermediate_size`` each), each dense layer's FFN, and an untied LM head. ``total`` sums
+    them — Qwen3-30B-A3B's "A3B" (about 3.35 B); for a dense model it equals all its parameters
+    (Qwen3-4B: 4.02 B). Taught in day22_2."""
+    h = config.hidden_size
+    n_moe = len(config.moe_layers)
+    pc = config.param_counts()
+    out = {"embedding": pc["embedding"], "attention": pc["attention"], "norms": pc["norms"],
+           "router": n_moe * config.num_experts * h,
+           "experts": n_moe * config.num_experts_per_tok * 3 * h * config.moe_intermediate_size,
+           "dense_ffn": (config.num_hidden_layers - n_moe) * 3 * h * config.intermediate_size,
+           "lm_head": pc["lm_head"]}
+    out["total"] = sum(out.values())
+    return out
+
+
+__all__ = ["softmax_f32", "route", "group", "Groups", "ExpertStack", "MoELayer", "active_bytes", "active_params", "advise", "PAGING"]
