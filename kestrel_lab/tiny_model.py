@@ -93,22 +93,8 @@ def default_config(arch: str = "qwen3", dtype: str = "bfloat16") -> dict:
             "use_sliding_window": False,
             "tie_word_embeddings": False,
         }
-    if arch == "qwen2":   # Qwen2.5 (llmc's model): q/k/v bias, no q/k norm, tied embeddings
-        text = {k: v for k, v in _TEXT.items() if k not in ("attention_bias", "head_dim")}
-        return {
-            "architectures": ["Qwen2ForCausalLM"],
-            "model_type": "qwen2",
-            "dtype": dtype,
-            **text,
-            "layer_types": ["full_attention"] * _TEXT["num_hidden_layers"],
-            "max_window_layers": _TEXT["num_hidden_layers"],
-            "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
-            "sliding_window": None,
-            "use_sliding_window": False,
-            "tie_word_embeddings": True,
-        }
-    if arch == "qwen3":
-        return {
+    if arch in ("qwen3", "qwen2"):
+        out = {
             "architectures": ["Qwen3ForCausalLM"],
             "model_type": "qwen3",
             "dtype": dtype,
@@ -120,6 +106,11 @@ def default_config(arch: str = "qwen3", dtype: str = "bfloat16") -> dict:
             "use_sliding_window": False,
             "tie_word_embeddings": True,
         }
+        if arch == "qwen2":   # Qwen2.5 (llmc's model): q/k/v bias, no q/k norm, head_dim = hidden / heads
+            for k in ("attention_bias", "head_dim"):
+                del out[k]
+            out.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2")
+        return out
     return {
         "architectures": ["Qwen3VLForConditionalGeneration"],
         "model_type": "qwen3_vl",

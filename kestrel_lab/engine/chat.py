@@ -69,6 +69,24 @@ def _tojson(obj) -> str:
     return json.dumps(obj, ensure_ascii=False)
 
 
+def _tools_text(tools) -> str:
+    """The tools section both Qwen templates put in the system turn (from "# Tools" to its <|im_end|>)."""
+    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+            + "".join("\n" + _tojson(tool) for tool in tools)
+            + "\n</tools>\n\nFor each function call, return a json object with function name and "
+              "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+              "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n")
+
+
+def _tool_response(messages: Sequence[dict], i: int, content: str) -> str:
+    """Tool message ``i`` as both Qwen templates write it: consecutive tool messages share one user turn."""
+    first = i == 0 or messages[i - 1]["role"] != "tool"
+    last = i == len(messages) - 1 or messages[i + 1]["role"] != "tool"
+    return (("<|im_start|>user" if first else "") + "\n<tool_response>\n" + content + "\n</tool_response>"
+            + ("<|im_end|>\n" if last else ""))
+
+
 def split_reasoning(content: str) -> tuple[str, str]:
     """Split an assistant text into (reasoning, answer) the way Qwen3's template does.
 
@@ -96,13 +114,7 @@ def render(messages: Sequence[dict], *, add_generation_prompt: bool = True, enab
         out.append("<|im_start|>system\n")
         if first["role"] == "system":
             out.append(first["content"] + "\n\n")
-        out.append("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-                   "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
-        for tool in tools:
-            out.append("\n" + _tojson(tool))
-        out.append("\n</tools>\n\nFor each function call, return a json object with function name and "
-                   "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
-                   "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n")
+        out.append(_tools_text(tools))
     elif first["role"] == "system":
         out.append("<|im_start|>system\n" + first["content"] + "<|im_end|>\n")
 
@@ -145,11 +157,7 @@ def render(messages: Sequence[dict], *, add_generation_prompt: bool = True, enab
                            + (args if isinstance(args, str) else _tojson(args)) + "}\n</tool_call>")
             out.append("<|im_end|>\n")
         elif role == "tool":
-            if i == 0 or messages[i - 1]["role"] != "tool":
-                out.append("<|im_start|>user")
-            out.append("\n<tool_response>\n" + content + "\n</tool_response>")
-            if i == n - 1 or messages[i + 1]["role"] != "tool":
-                out.append("<|im_end|>\n")
+            out.append(_tool_response(messages, i, content))
     if add_generation_prompt:
         out.append("<|im_start|>assistant\n")
         if not enable_thinking:
@@ -175,13 +183,7 @@ def render_qwen2(messages: Sequence[dict], *, add_generation_prompt: bool = True
     system = first["content"] if first["role"] == "system" else QWEN2_DEFAULT_SYSTEM
     if tools:
         out.append("<|im_start|>system\n" + system)
-        out.append("\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-                   "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
-        for tool in tools:
-            out.append("\n" + _tojson(tool))
-        out.append("\n</tools>\n\nFor each function call, return a json object with function name and "
-                   "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
-                   "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n")
+        out.append("\n\n" + _tools_text(tools))
     else:
         out.append("<|im_start|>system\n" + system + "<|im_end|>\n")
     n = len(messages)
@@ -202,11 +204,7 @@ def render_qwen2(messages: Sequence[dict], *, add_generation_prompt: bool = True
                            + _tojson(call["arguments"]) + "}\n</tool_call>")
             out.append("<|im_end|>\n")
         elif role == "tool":
-            if i == 0 or messages[i - 1]["role"] != "tool":
-                out.append("<|im_start|>user")
-            out.append("\n<tool_response>\n" + content + "\n</tool_response>")
-            if i == n - 1 or messages[i + 1]["role"] != "tool":
-                out.append("<|im_end|>\n")
+            out.append(_tool_response(messages, i, content))
     if add_generation_prompt:
         out.append("<|im_start|>assistant\n")
     return "".join(out)

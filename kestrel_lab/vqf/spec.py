@@ -22,14 +22,21 @@ def _map_2b() -> str:
     from kestrel_lab.vqf.planner import plan_file
 
     fp = plan_file(configs_dir() / "qwen3-vl-2b-instruct.config.json")
-    rows = ["| # | name | qtype | rows × cols | offset | bytes |", "|---:|---|---|---|---:|---:|"]
+    return _entries_table(fp, sources=False, totals=f"目录 bytes 之和 = {fp.dir_bytes_sum:,}；")
+
+
+def _entries_table(fp, sources: bool, totals: str = "") -> str:
+    """A planned file's directory as a table (# name qtype rows × cols offset bytes [sources]) and its sizes."""
+    from kestrel_lab.convert import source_pattern
+
+    rows = ["| # | name | qtype | rows × cols | offset | bytes |" + (" 来源（按序堆叠） |" if sources else ""),
+            "|---:|---|---|---|---:|---:|" + ("---|" if sources else "")]
     for i, e in enumerate(fp.entries):
         s = e.spec
         rows.append(f"| {i} | `{s.name}` | {s.qtype} {s.qtype_name} | {s.rows:,} × {s.cols:,} | {e.offset:,} | "
-                    f"{s.nbytes:,} |")
+                    f"{s.nbytes:,} |" + (f" `{source_pattern(s.sources)}` |" if sources else ""))
     rows.append("")
-    rows.append(f"data_offset = {fp.data_offset:,}；目录 bytes 之和 = {fp.dir_bytes_sum:,}；"
-                f"file_len = {fp.file_len:,}；文件大小 = {fp.file_size:,}。")
+    rows.append(f"data_offset = {fp.data_offset:,}；{totals}file_len = {fp.file_len:,}；文件大小 = {fp.file_size:,}。")
     return "\n".join(rows)
 
 
@@ -88,18 +95,9 @@ def _moe() -> str:
 
 def _qwen2() -> str:
     """Qwen2.5-0.5B-Instruct's map: q/k/v biases instead of q/k norms (``config.ATTENTION_TRAITS``)."""
-    from kestrel_lab.convert import source_pattern
     from kestrel_lab.vqf.planner import plan_file
 
-    fp = plan_file(configs_dir() / "qwen2.5-0.5b-instruct.config.json")
-    rows = ["| # | name | qtype | rows × cols | offset | bytes | 来源（按序堆叠） |", "|---:|---|---|---|---:|---:|---|"]
-    for i, e in enumerate(fp.entries):
-        s = e.spec
-        rows.append(f"| {i} | `{s.name}` | {s.qtype} {s.qtype_name} | {s.rows:,} × {s.cols:,} | {e.offset:,} | "
-                    f"{s.nbytes:,} | `{source_pattern(s.sources)}` |")
-    rows.append("")
-    rows.append(f"data_offset = {fp.data_offset:,}；file_len = {fp.file_len:,}；文件大小 = {fp.file_size:,}。")
-    return "\n".join(rows)
+    return _entries_table(plan_file(configs_dir() / "qwen2.5-0.5b-instruct.config.json"), sources=True)
 
 
 def _limits() -> str:
