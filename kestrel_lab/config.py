@@ -16,7 +16,29 @@ from pathlib import Path
 
 from kestrel_lab.limits import BOUND, LimitError, check_config
 
-ARCHS = {"qwen3": 1, "qwen3_vl": 2, "qwen3_moe": 3}
+# The architectures this package reads, with the id each has in the VQF header's ``arch`` field.
+ARCHS = {"qwen3": 1, "qwen3_vl": 2, "qwen3_moe": 3, "qwen2": 4}
+
+
+@dataclass(frozen=True)
+class AttentionTraits:
+    """What one architecture's attention block has beyond the shared Qwen recipe. Taught in day29_3.
+
+    ``qkv_bias``: the q/k/v projections carry a bias (Qwen2/Qwen2.5, ``bias=True`` in
+    ``Qwen2Attention``); ``qk_norm``: q and k get a per-head RMSNorm before RoPE (Qwen3's addition).
+    """
+    qkv_bias: bool
+    qk_norm: bool
+
+
+# The one table of attention differences: the VQF layout, the converter and the engine all read it.
+ATTENTION_TRAITS = {
+    "qwen3": AttentionTraits(qkv_bias=False, qk_norm=True),
+    "qwen3_vl": AttentionTraits(qkv_bias=False, qk_norm=True),
+    "qwen3_moe": AttentionTraits(qkv_bias=False, qk_norm=True),
+    "qwen2": AttentionTraits(qkv_bias=True, qk_norm=False),
+}
+assert set(ATTENTION_TRAITS) == set(ARCHS)
 
 
 @dataclass
@@ -47,7 +69,7 @@ class VisionConfig:
 
 @dataclass
 class ModelConfig:
-    arch: str                      # "qwen3" | "qwen3_vl" | "qwen3_moe"
+    arch: str                      # "qwen3" | "qwen3_vl" | "qwen3_moe" | "qwen2"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -78,6 +100,11 @@ class ModelConfig:
 
     # ------------------------------------------------------------------ derived sizes
     @property
+    def attention(self) -> AttentionTraits:
+        """This architecture's attention traits (``ATTENTION_TRAITS``). Taught in day29_3."""
+        return ATTENTION_TRAITS[self.arch]
+
+    @property
     def q_dim(self) -> int:
         return self.num_attention_heads * self.head_dim
 
@@ -104,10 +131,12 @@ class ModelConfig:
         """Parameters by group (embedding, attention, FFN/experts, norms, lm head, vision)."""
         h, L = self.hidden_size, self.num_hidden_layers
         attn = L * (h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h)
+        if self.attention.qkv_bias:
+            attn += L * (self.q_dim + 2 * self.kv_dim)
         n_moe = len(self.moe_layers)
         ffn = (n_moe * (self.num_experts * 3 * h * self.moe_intermediate_size + self.num_experts * h)
                + (L - n_moe) * 3 * h * self.intermediate_size)
-        norms = L * (2 * h + 2 * self.head_dim) + h
+        norms = L * (2 * h + (2 * self.head_dim if self.attention.qk_norm else 0)) + h
         out = {"embedding": self.vocab_size * h, "attention": attn, "ffn": ffn, "norms": norms,
                "lm_head": 0 if self.tie_word_embeddings else self.vocab_size * h}
         if self.vision:
@@ -186,6 +215,15 @@ def _parse(cfg, where: str, text_src: str | None) -> ModelConfig:
     vl = model_type == "qwen3_vl"
     sect = "text_config." if vl and "text_config" in cfg else ""
     text = obj(cfg.get("text_config"), "text_config") if sect else cfg
+    # Sliding-window attention (Qwen2's ``use_sliding_window``): the engine attends to the whole
+    # cache, so a model whose layers look at a window only would be run wrongly. Refused, never guessed.
+    if text.get("use_sliding_window") is True:
+        fail(sect + "use_sliding_window", "is true: sliding-window attention is not supported (every layer "
+                                          "here attends to the whole context)")
+    layer_types = text.get("layer_types")
+    if isinstance(layer_types, list) and "sliding_attention" in layer_types:
+        fail(sect + "layer_types", f"layer {layer_types.index('sliding_attention')} is 'sliding_attention': "
+                                   "sliding-window attention is not supported")
 
     def get(d, key, prefix, field=None, default=_MISSING):
         if key not in d or d[key] is None:

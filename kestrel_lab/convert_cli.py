@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                           description="Real architecture and config.json, small shapes by default, random "
                                       "weights from --seed: the same arguments give the same bytes.")
     tiny.add_argument("out_dir", help="folder to write config.json and the safetensors into")
-    tiny.add_argument("--arch", default="qwen3", choices=("qwen3", "qwen3_moe", "qwen3_vl"))
+    tiny.add_argument("--arch", default="qwen3", choices=("qwen3", "qwen3_moe", "qwen3_vl", "qwen2"))
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--config", help="config.json fields to override: a JSON object or a JSON file "
                                        "(nested objects such as text_config merge key by key)")

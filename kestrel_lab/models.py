@@ -24,7 +24,7 @@ file (the VQF writer, planner, layout, format, the quantizers, the random genera
 converter). A file whose stored key equals the key asked for is reused; any other is rebuilt. A
 version number would not do: ``__version__`` is a constant, and a changed quantizer must invalidate.
 
-Architectures: ``ARCHS`` (dense ``qwen3``, ``qwen3_vl``, ``qwen3_moe``), each with a tiny default in
+Architectures: ``ARCHS`` (dense ``qwen3``, ``qwen3_vl``, ``qwen3_moe``, ``qwen2``), each with a tiny default in
 ``tiny_model`` (``arch="qwen3_moe"``: 8 experts, top-2, an untied head) or any config of its family. Taught in day13_1, day16_1 and day23_1.
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ __all__ = ["ARCHS", "TRAINED", "SCHEMA", "sources_hash", "vqf", "hf_checkpoint",
            "evict", "cache_key_path", "resident_bytes", "default_moe_vqf", "QUICK_MOE", "dense_twin_vqf", "QUICK_DENSE_TWIN"]
 
 SCHEMA = "kestrel-lab/models/1"
-ARCHS = ("qwen3", "qwen3_vl", "qwen3_moe")
+ARCHS = ("qwen3", "qwen3_vl", "qwen3_moe", "qwen2")
 #: The trained models embedded in the repository (data/models/NAME); a tiny VL model comes next.
 TRAINED = ("qwen3-tiny-poem", "qwen3-tiny-vl")
 BENCH_CONFIG = "qwen3-0.6b.config.json"
@@ -322,7 +322,7 @@ def hf_checkpoint(model: str | os.PathLike = "random", *, arch: str | None = Non
 
 SAVERS = ("kestrel", "transformers")
 _HF_CLASSES = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-               "qwen3_vl": "Qwen3VLForConditionalGeneration"}
+               "qwen3_vl": "Qwen3VLForConditionalGeneration", "qwen2": "Qwen2ForCausalLM"}
 
 
 def _resave_with_transformers(folder: Path, arch: str, dtype: str) -> None:

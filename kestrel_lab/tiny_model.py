@@ -1,4 +1,4 @@
-"""Deterministic random Hugging Face checkpoints with the real Qwen3 / Qwen3-MoE / Qwen3-VL architectures.
+"""Deterministic random Hugging Face checkpoints with the real Qwen3 / Qwen3-MoE / Qwen3-VL / Qwen2 architectures.
 
 Lessons and tests need checkpoints that look exactly like the real ones — same tensor names, same
 layouts ([out, in] linear weights, a Conv3d patch embedding, stacked q/k/v in the vision tower), same
@@ -17,6 +17,8 @@ Default shapes (small but real; everything the engine's kernels need stays a mul
   ``norm_topk_prob`` (as Qwen3-30B-A3B), every layer sparse unless ``mlp_only_layers`` /
   ``decoder_sparse_step`` say otherwise; experts saved per expert (``mlp.experts.{e}.gate_proj.weight``
   …) and the router as ``mlp.gate.weight``, as ``save_pretrained`` writes them.
+- ``qwen2``: Qwen2.5's layer (llmc's model): the same shapes as ``qwen3`` with head_dim = hidden/heads
+  (16), q/k/v projection biases and no q/k norm, tied embeddings.
 - ``qwen3_vl``: the same text model (θ 5e6, interleaved MRoPE sections [6, 5, 5] = head_dim/2) and a
   vision tower with the real patch geometry (3 channels × 2 frames × 16 × 16 = 1,536 inputs per patch),
   hidden 64, 2 blocks, 2 heads, MLP 128, 2×2 merge, an 8×8 position grid (64 embeddings), DeepStack
@@ -43,7 +45,7 @@ from kestrel_lab.atomic import write_json
 from kestrel_lab.quant import f32_to_bf16
 from kestrel_lab.safetensors import INDEX_NAME, SINGLE_NAME, save_safetensors
 
-ARCHS = ("qwen3", "qwen3_vl", "qwen3_moe")
+ARCHS = ("qwen3", "qwen3_vl", "qwen3_moe", "qwen2")
 DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 
 _TEXT = {
@@ -91,8 +93,8 @@ def default_config(arch: str = "qwen3", dtype: str = "bfloat16") -> dict:
             "use_sliding_window": False,
             "tie_word_embeddings": False,
         }
-    if arch == "qwen3":
-        return {
+    if arch in ("qwen3", "qwen2"):
+        out = {
             "architectures": ["Qwen3ForCausalLM"],
             "model_type": "qwen3",
             "dtype": dtype,
@@ -104,6 +106,11 @@ def default_config(arch: str = "qwen3", dtype: str = "bfloat16") -> dict:
             "use_sliding_window": False,
             "tie_word_embeddings": True,
         }
+        if arch == "qwen2":   # Qwen2.5 (llmc's model): q/k/v bias, no q/k norm, head_dim = hidden / heads
+            for k in ("attention_bias", "head_dim"):
+                del out[k]
+            out.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2")
+        return out
     return {
         "architectures": ["Qwen3VLForConditionalGeneration"],
         "model_type": "qwen3_vl",
@@ -209,9 +216,12 @@ def hf_tensor_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
             f"{p}.self_attn.k_proj.weight": (nkv * hd, h),
             f"{p}.self_attn.v_proj.weight": (nkv * hd, h),
             f"{p}.self_attn.o_proj.weight": (h, nh * hd),
-            f"{p}.self_attn.q_norm.weight": (hd,),
-            f"{p}.self_attn.k_norm.weight": (hd,),
         })
+        if arch == "qwen2":    # Qwen2Attention: q/k/v with bias, o without; no q/k norm
+            out.update({f"{p}.self_attn.{x}_proj.bias": (n,) for x, n in
+                        (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd))})
+        else:
+            out.update({f"{p}.self_attn.q_norm.weight": (hd,), f"{p}.self_attn.k_norm.weight": (hd,)})
         if _is_moe_layer(text, i):
             E, m = _n_experts(text), text["moe_intermediate_size"]
             out[f"{p}.mlp.gate.weight"] = (E, h)

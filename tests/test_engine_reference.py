@@ -12,6 +12,7 @@ from kestrel_lab.convert import convert  # noqa: E402
 from kestrel_lab.engine import ContextFullError, Qwen3Engine  # noqa: E402
 from kestrel_lab.engine.reference import logit_agreement, reference_logits  # noqa: E402
 from kestrel_lab.vqf.reader import open_vqf  # noqa: E402
+from helpers.logits import compare_steps  # noqa: E402
 
 VOCAB = 1000
 PROMPT = [3, 141, 59, 265, 358, 979, 323, 846, 264, 338, 327, 950, 288, 419, 716, 939]
@@ -58,16 +59,7 @@ def test_f32_prefill_and_every_decode_step_match_transformers(checkpoint):
     cont = [int(t) for t in rng.integers(0, VOCAB, 24)]
     ref = hf_logits(model, PROMPT + cont)
     scale = np.abs(ref).max()
-    got = [eng.prefill(PROMPT)]
-    for t in cont:
-        got.append(eng.decode(t))
-    got = np.stack(got)
-    want = ref[len(PROMPT) - 1:]
-    diff = np.abs(got - want).max(axis=1)
-    print(f"\nF32 engine vs transformers: max abs diff {diff.max():.3g} (logit scale {scale:.3g}); "
-          f"prefill {diff[0]:.3g}, worst decode step {diff[1:].max():.3g}")
-    assert diff[0] <= 1e-4 * scale, "prefill logits"
-    assert np.all(diff[1:] <= 1e-4 * scale), f"decode step {int(np.argmax(diff[1:]))} differs"
+    compare_steps(eng, ref, PROMPT, cont, tol=1e-4, label="F32 engine vs transformers")
     assert eng.pos == len(PROMPT) + len(cont)
     # forward_all from position 0 gives the same logits at every position
     eng.reset()

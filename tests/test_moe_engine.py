@@ -13,6 +13,7 @@ from kestrel_lab.convert import convert  # noqa: E402
 from kestrel_lab.engine import Qwen3Engine  # noqa: E402
 from kestrel_lab.engine import moe  # noqa: E402
 from kestrel_lab.engine.reference import logit_agreement  # noqa: E402
+from helpers.logits import compare_steps  # noqa: E402
 
 VOCAB = 512
 PROMPT = [3, 141, 59, 265, 358, 479, 323, 46, 264, 338, 327, 450, 288, 419, 216, 39, 77, 500, 12, 91]
@@ -90,14 +91,7 @@ def test_f32_prefill_and_every_decode_step_match_transformers(checkpoint):
     cont = [int(t) for t in rng.integers(0, VOCAB, 16)]
     ref = hf_logits(model, PROMPT + cont)
     scale = np.abs(ref).max()
-    got = [eng.prefill(PROMPT)]
-    for t in cont:
-        got.append(eng.decode(t))
-    diff = np.abs(np.stack(got) - ref[len(PROMPT) - 1:]).max(axis=1)
-    print(f"\nF32 MoE engine vs transformers: prefill {diff[0]:.3g}, worst decode step {diff[1:].max():.3g} "
-          f"(logit scale {scale:.3g})")
-    assert diff[0] <= 1e-4 * scale, "prefill logits"
-    assert np.all(diff[1:] <= 1e-4 * scale), f"decode step {int(np.argmax(diff[1:]))} differs"
+    compare_steps(eng, ref, PROMPT, cont, tol=1e-4, label="F32 MoE engine vs transformers")
     eng.reset()
     assert np.abs(eng.forward_all(PROMPT + cont) - ref).max() <= 1e-4 * scale
 

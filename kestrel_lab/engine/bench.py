@@ -197,6 +197,9 @@ def torch_speed(path, dtype: str, threads: int, prompt_len: int = PROMPT_TOKENS,
     torch.set_num_threads(threads)
     f = open_vqf(path)
     c = f.config
+    if not c.attention.qk_norm or c.attention.qkv_bias:
+        raise ValueError(f"{path}: the PyTorch comparison rebuilds a Qwen3ForCausalLM; this file is {c.arch} "
+                         f"(config.ATTENTION_TRAITS differ)")
     tdt = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
     hf = transformers.Qwen3Config(
         vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,

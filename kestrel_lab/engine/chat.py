@@ -36,7 +36,8 @@ from kestrel_lab.engine.sample import Sampler, SamplingParams
 
 __all__ = [
     "IM_START", "IM_END", "ENDOFTEXT", "THINK", "END_THINK", "STOP_IDS", "render", "encode_messages",
-    "split_reasoning", "common_prefix_len", "Conversation", "TurnResult",
+    "split_reasoning", "common_prefix_len", "Conversation", "TurnResult", "render_qwen2", "template_for",
+    "TEMPLATES", "QWEN2_DEFAULT_SYSTEM",
 ]
 
 # ENDOFTEXT (151643), IM_END (151645) and STOP_IDS come from engine.generate: one set of stop ids.
@@ -68,6 +69,24 @@ def _tojson(obj) -> str:
     return json.dumps(obj, ensure_ascii=False)
 
 
+def _tools_text(tools) -> str:
+    """The tools section both Qwen templates put in the system turn (from "# Tools" to its <|im_end|>)."""
+    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+            + "".join("\n" + _tojson(tool) for tool in tools)
+            + "\n</tools>\n\nFor each function call, return a json object with function name and "
+              "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+              "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n")
+
+
+def _tool_response(messages: Sequence[dict], i: int, content: str) -> str:
+    """Tool message ``i`` as both Qwen templates write it: consecutive tool messages share one user turn."""
+    first = i == 0 or messages[i - 1]["role"] != "tool"
+    last = i == len(messages) - 1 or messages[i + 1]["role"] != "tool"
+    return (("<|im_start|>user" if first else "") + "\n<tool_response>\n" + content + "\n</tool_response>"
+            + ("<|im_end|>\n" if last else ""))
+
+
 def split_reasoning(content: str) -> tuple[str, str]:
     """Split an assistant text into (reasoning, answer) the way Qwen3's template does.
 
@@ -95,13 +114,7 @@ def render(messages: Sequence[dict], *, add_generation_prompt: bool = True, enab
         out.append("<|im_start|>system\n")
         if first["role"] == "system":
             out.append(first["content"] + "\n\n")
-        out.append("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-                   "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
-        for tool in tools:
-            out.append("\n" + _tojson(tool))
-        out.append("\n</tools>\n\nFor each function call, return a json object with function name and "
-                   "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
-                   "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n")
+        out.append(_tools_text(tools))
     elif first["role"] == "system":
         out.append("<|im_start|>system\n" + first["content"] + "<|im_end|>\n")
 
@@ -144,11 +157,7 @@ def render(messages: Sequence[dict], *, add_generation_prompt: bool = True, enab
                            + (args if isinstance(args, str) else _tojson(args)) + "}\n</tool_call>")
             out.append("<|im_end|>\n")
         elif role == "tool":
-            if i == 0 or messages[i - 1]["role"] != "tool":
-                out.append("<|im_start|>user")
-            out.append("\n<tool_response>\n" + content + "\n</tool_response>")
-            if i == n - 1 or messages[i + 1]["role"] != "tool":
-                out.append("<|im_end|>\n")
+            out.append(_tool_response(messages, i, content))
     if add_generation_prompt:
         out.append("<|im_start|>assistant\n")
         if not enable_thinking:
@@ -156,13 +165,71 @@ def render(messages: Sequence[dict], *, add_generation_prompt: bool = True, enab
     return "".join(out)
 
 
+QWEN2_DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+
+
+def render_qwen2(messages: Sequence[dict], *, add_generation_prompt: bool = True, enable_thinking: bool = True,
+                 tools: Sequence[dict] | None = None) -> str:
+    """Qwen2.5-Instruct's chat template (its tokenizer_config.json), statement for statement, as text.
+
+    The differences from Qwen3's: a default system message (``QWEN2_DEFAULT_SYSTEM``) when the first
+    message is not a system one, no ``<think>`` blocks (``enable_thinking`` is accepted and ignored), and
+    an assistant turn is rendered as written. Checked against transformers' ``apply_chat_template``
+    running the Jinja text in the tests. Taught in day29_3.
+    """
+    _check_messages(messages)
+    out: list[str] = []
+    first = messages[0]
+    system = first["content"] if first["role"] == "system" else QWEN2_DEFAULT_SYSTEM
+    if tools:
+        out.append("<|im_start|>system\n" + system)
+        out.append("\n\n" + _tools_text(tools))
+    else:
+        out.append("<|im_start|>system\n" + system + "<|im_end|>\n")
+    n = len(messages)
+    for i, m in enumerate(messages):
+        role = m["role"]
+        content = m.get("content") if isinstance(m.get("content"), str) else ""
+        calls = m.get("tool_calls") or ()
+        if role == "user" or (role == "system" and i > 0) or (role == "assistant" and not calls):
+            out.append(f"<|im_start|>{role}\n{content}<|im_end|>\n")
+        elif role == "assistant":
+            out.append(f"<|im_start|>{role}")
+            if content:
+                out.append("\n" + content)
+            for call in calls:
+                if call.get("function"):
+                    call = call["function"]
+                out.append('\n<tool_call>\n{"name": "' + str(call["name"]) + '", "arguments": '
+                           + _tojson(call["arguments"]) + "}\n</tool_call>")
+            out.append("<|im_end|>\n")
+        elif role == "tool":
+            out.append(_tool_response(messages, i, content))
+    if add_generation_prompt:
+        out.append("<|im_start|>assistant\n")
+    return "".join(out)
+
+
+# The chat template of each architecture (Qwen3-VL's image turns are rendered by ``vision.prompt``).
+TEMPLATES = {"qwen3": render, "qwen3_vl": render, "qwen3_moe": render, "qwen2": render_qwen2}
+
+
+def template_for(arch: str | None):
+    """The ``render`` function of an architecture's chat template (Qwen3's for unknown or None).
+
+    ``chat`` and ``generate --chat`` pick it from the model file's arch. Taught in day29_3.
+    """
+    return TEMPLATES.get(arch or "qwen3", render)
+
+
 def encode_messages(tokenizer, messages: Sequence[dict], *, add_generation_prompt: bool = True,
-                    enable_thinking: bool = True) -> list[int]:
-    """``render`` then tokenize with special tokens recognised (``<|im_start|>`` → one id).
+                    enable_thinking: bool = True, arch: str | None = None) -> list[int]:
+    """The template of ``arch`` (``template_for``; default Qwen3's ``render``), then tokenize with
+    special tokens recognised (``<|im_start|>`` → one id).
 
     Taught in day14_1.
     """
-    text = render(messages, add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking)
+    text = template_for(arch)(messages, add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking)
     return list(tokenizer.encode(text, allow_special=True))
 
 
@@ -219,7 +286,8 @@ class Conversation:
     def prompt_ids(self, messages: Sequence[dict] | None = None) -> list[int]:
         """The ids of the history plus the generation prompt."""
         return encode_messages(self.tokenizer, self.messages if messages is None else messages,
-                               enable_thinking=self.enable_thinking)
+                               enable_thinking=self.enable_thinking,
+                               arch=getattr(getattr(self.engine, "config", None), "arch", None))
 
     def sync(self, ids: Sequence[int]):
         """Make the cache hold ``ids``; prefill only the part not already cached.

@@ -98,7 +98,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     mode.add_argument("--raw", dest="chat", action="store_false",
                       help="use the prompt as it is (default without --image)")
     mode.add_argument("--chat", dest="chat", action="store_true",
-                      help="wrap the prompt as one user message in the Qwen3 chat template")
+                      help="wrap the prompt as one user message in the model's chat template "
+                           "(Qwen3's, or Qwen2.5's with its default system message)")
     g.add_argument("--system", default=None, help="system message (with --chat)")
     g.add_argument("--no-think", dest="think", action="store_false",
                    help="with --chat: add the empty <think></think> block (answer without reasoning)")
@@ -275,7 +276,8 @@ def _generate(args) -> int:
         return _generate_vl(args, engine, tok, params, prompt)
     if args.chat:
         msgs = ([{"role": "system", "content": args.system}] if args.system is not None else [])
-        ids = encode_messages(tok, msgs + [{"role": "user", "content": prompt}], enable_thinking=args.think)
+        ids = encode_messages(tok, msgs + [{"role": "user", "content": prompt}], enable_thinking=args.think,
+                              arch=engine.config.arch)      # the template of the file's architecture
         if args.echo:
             _write(tok.decode(ids))
     else:
@@ -325,7 +327,8 @@ def _chat(args) -> int:
     else:
         conv = Conversation(engine, tok, system=args.system, enable_thinking=args.think, params=params,
                             max_new=args.max_new)
-        mode = f"thinking {'on' if args.think else 'off'}"
+        mode = ("Qwen2.5 template" if engine.config.arch == "qwen2"   # no thinking switch there
+                else f"thinking {'on' if args.think else 'off'}")
     print(f"kestrel-lab chat: {args.model} ({mode}; empty line or Ctrl-D quits, /reset forgets)", file=sys.stderr)
     pending = []   # pictures attached with /image, sent with the next message
     while True:

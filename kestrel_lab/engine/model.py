@@ -10,6 +10,11 @@ One layer (day12_1), exactly as ``transformers``' ``Qwen3DecoderLayer``::
     h = h + Wo o
     x = RMSNorm(h) · ffn_norm ;  h = h + Wdown (silu(Wgate x) · Wup x)
 
+Qwen2/Qwen2.5 (``Qwen2ForCausalLM``, llmc's model) differs only in attention, as
+``config.ATTENTION_TRAITS`` says: ``q, k, v = Wq x + bq, Wk x + bk, Wv x + bv`` (the ``q_bias`` /
+``k_bias`` / ``v_bias`` entries, F32) and no q/k norm; every path (prefill, the per-layer decode, the
+whole-step kernel) reads the same traits.
+
 In a Qwen3-MoE model the FFN of each sparse layer is ``engine.moe.MoELayer`` instead (router, the
 chosen experts' SwiGLU, their weighted sum; experts used in place from the mapping, never copied),
 and each dense layer of it (``mlp_only_layers``) reads its own ``q4_gate.{i}`` / ``q4_up.{i}`` /
@@ -48,7 +53,7 @@ import numpy as np
 
 from kestrel_lab import limits
 from kestrel_lab import quant as Q
-from kestrel_lab.config import ModelConfig
+from kestrel_lab.config import ATTENTION_TRAITS, ModelConfig
 from kestrel_lab.engine import kernels as K
 from kestrel_lab.engine import kernels_v16 as V
 from kestrel_lab.engine import moe as M
@@ -235,7 +240,8 @@ def _rows_slice(t, r0: int, r1: int) -> np.ndarray:
 
 
 class Qwen3Engine:
-    """A Qwen3 model — dense, Qwen3-MoE, or the text tower of Qwen3-VL — ready to prefill and decode.
+    """A Qwen3 model — dense, Qwen3-MoE, the text tower of Qwen3-VL, or a Qwen2/Qwen2.5 — ready to
+    prefill and decode.
 
     ``prefill(ids)`` → logits after the last id; ``decode(id)`` → logits of one step;
     ``forward_all(ids)`` → logits of every position; ``truncate``/``reset`` manage the KV cache;
@@ -248,9 +254,9 @@ class Qwen3Engine:
     def __init__(self, config: ModelConfig, tensors, *, max_context: int = 4096, threads: int | None = None,
                  repack: bool = False, source: str = "<tensors>", keepalive=None, interleave: bool = True,
                  expert_paging: str = "os", available_memory: int | None = None):
-        if config.arch not in ("qwen3", "qwen3_vl", "qwen3_moe"):
-            raise ValueError(f"{source}: arch {config.arch!r} is not a Qwen3 (this engine runs qwen3, qwen3_moe "
-                             f"and the text tower of qwen3_vl)")
+        if config.arch not in ATTENTION_TRAITS:
+            raise ValueError(f"{source}: arch {config.arch!r} is not one this engine runs (qwen3, qwen3_moe, "
+                             f"qwen2 and the text tower of qwen3_vl)")
         # The configuration within the one table of bounds and the context within the model's, before
         # anything is sized from them (``kestrel_lab.limits``); then memory, before anything is allocated.
         try:
@@ -273,7 +279,8 @@ class Qwen3Engine:
             if (t.rows, t.cols) != (spec.rows, spec.cols):
                 raise ValueError(f"{source}: tensor {name!r} is {t.rows}×{t.cols}, the config needs "
                                  f"{spec.rows}×{spec.cols}")
-        for name in ("final_norm", "attn_norm", "ffn_norm", "q_norm", "k_norm"):
+        small = ("final_norm", "attn_norm", "ffn_norm", "q_norm", "k_norm", "q_bias", "k_bias", "v_bias")
+        for name in (n for n in small if n in specs):
             if tensors[name].qtype != Q.F32.id:
                 raise ValueError(f"{source}: tensor {name!r} has qtype {Q.qtype(tensors[name].qtype).name}, expected F32")
         emb = tensors["token_embed"]
@@ -286,7 +293,20 @@ class Qwen3Engine:
 
         self.final_norm = f32("final_norm")[0]
         self.attn_norm, self.ffn_norm = f32("attn_norm"), f32("ffn_norm")
-        self.q_norm, self.k_norm = f32("q_norm"), f32("k_norm")
+        # attention's small tensors by the architecture's traits; absent ones are empty (L, 0) arrays,
+        # read-only like the mapping's views, so the whole-step kernel has one signature for all
+        traits = c.attention
+        self.qk_norm, self.qkv_bias = traits.qk_norm, traits.qkv_bias
+
+        def f32_or_empty(name, present):
+            if present:
+                return f32(name)
+            a = np.zeros((L, 0), np.float32)
+            a.setflags(write=False)
+            return a
+
+        self.q_norm, self.k_norm = f32_or_empty("q_norm", self.qk_norm), f32_or_empty("k_norm", self.qk_norm)
+        self.q_bias, self.k_bias, self.v_bias = (f32_or_empty(n, self.qkv_bias) for n in ("q_bias", "k_bias", "v_bias"))
         self.embed_qtype = emb.qtype
         self.embed = emb.data.view("<f4" if emb.qtype == Q.F32.id else "<u2").reshape(emb.rows, emb.cols)
 
@@ -502,7 +522,8 @@ class Qwen3Engine:
         c = self.config
         mats = sum(m.nbytes for layer in self.layers for m in layer.values()) + self.lm_head.nbytes
         mats += sum(ml.router.nbytes + ml.top_k * ml.experts.expert_bytes for ml in self.moe_layers.values())
-        norms = 4 * (c.num_hidden_layers * (2 * c.hidden_size + 2 * c.head_dim) + c.hidden_size)
+        small = (self.attn_norm, self.ffn_norm, self.q_norm, self.k_norm, self.q_bias, self.k_bias, self.v_bias)
+        norms = sum(a.nbytes for a in small) + 4 * c.hidden_size
         return int(mats + norms + self.embed.itemsize * c.hidden_size)
 
     def moe_report(self) -> dict:
@@ -653,16 +674,22 @@ class Qwen3Engine:
             x = np.empty_like(h)
             o = np.empty((T, H, D), np.float32)
             if T == 1 and self._step is not None and self.trace is None and images is None:
-                self._step(h, eps, self.attn_norm, self.ffn_norm, self.q_norm, self.k_norm, self._planes,
-                                  self.cache.k, self.cache.v, pos0, cos, sin, H, nt)
+                self._step(h, eps, self.attn_norm, self.ffn_norm, self.q_norm, self.k_norm,
+                           (self.q_bias, self.k_bias, self.v_bias), self.qk_norm, self.qkv_bias, self._planes,
+                           self.cache.k, self.cache.v, pos0, cos, sin, H, nt)
             else:
                 for layer, m in enumerate(self.layers):
                     K.rmsnorm(h, self.attn_norm[layer], eps, x)
                     a = Activation(x)
                     q, k, v = _qkv(m, a)
+                    if self.qkv_bias:                      # Qwen2: q/k/v projections with bias
+                        q += self.q_bias[layer]
+                        k += self.k_bias[layer]
+                        v += self.v_bias[layer]
                     q, k, v = q.reshape(T, H, D), k.reshape(T, KVH, D), v.reshape(T, KVH, D)
-                    K.rmsnorm_heads(q, self.q_norm[layer], eps)
-                    K.rmsnorm_heads(k, self.k_norm[layer], eps)
+                    if self.qk_norm:                       # Qwen3: per-head RMSNorm of q and k
+                        K.rmsnorm_heads(q, self.q_norm[layer], eps)
+                        K.rmsnorm_heads(k, self.k_norm[layer], eps)
                     apply_rope(q, cos, sin)
                     apply_rope(k, cos, sin)
                     kc, vc = self.cache.k[layer], self.cache.v[layer]

@@ -1,4 +1,4 @@
-"""A plain numpy Qwen3 forward doing the engine's math, and the measures of what quantization costs.
+"""A plain numpy Qwen3 (and Qwen2) forward doing the engine's math, and the measures of what quantization costs.
 
 ``reference_logits`` is the engine written the slow, obvious way: every matrix is dequantized from
 the same blocks (``kestrel_lab.quant.dequantize``), and — for quantized weights — the activation
@@ -75,11 +75,13 @@ def reference_logits(config: ModelConfig, tensors, ids) -> np.ndarray:
     mask = np.triu(np.full((T, T), -np.inf, np.float32), 1)
     for layer in range(L):
         x = _rmsnorm(h, f32("attn_norm")[layer], eps)
-        q = lin("q4_q", layer, x).reshape(T, H, D)
-        k = lin("q4_k", layer, x).reshape(T, KVH, D)
-        v = lin("q4_v", layer, x).reshape(T, KVH, D)
-        q = _rope(_rmsnorm(q, f32("q_norm")[layer], eps), pos, c.rope_theta)
-        k = _rope(_rmsnorm(k, f32("k_norm")[layer], eps), pos, c.rope_theta)
+        q, k, v = lin("q4_q", layer, x), lin("q4_k", layer, x), lin("q4_v", layer, x)
+        if c.attention.qkv_bias:            # Qwen2: projections with bias
+            q, k, v = q + f32("q_bias")[layer], k + f32("k_bias")[layer], v + f32("v_bias")[layer]
+        q, k, v = q.reshape(T, H, D), k.reshape(T, KVH, D), v.reshape(T, KVH, D)
+        if c.attention.qk_norm:             # Qwen3: per-head RMSNorm of q and k
+            q, k = _rmsnorm(q, f32("q_norm")[layer], eps), _rmsnorm(k, f32("k_norm")[layer], eps)
+        q, k = _rope(q, pos, c.rope_theta), _rope(k, pos, c.rope_theta)
         o = np.empty((T, H, D), np.float32)
         for hh in range(H):
             s = (q[:, hh, :].astype(np.float64) @ k[:, hh // group, :].T.astype(np.float64)) / np.sqrt(D) + mask

@@ -39,19 +39,24 @@ def make_decode_layers(kind: str):
     G = KINDS[kind]
 
     @njit(cache=True)
-    def decode_layers(h, eps, attn_norm, ffn_norm, q_norm, k_norm, planes, kc_all, vc_all, pos, cos, sin, H, nt):
+    def decode_layers(h, eps, attn_norm, ffn_norm, q_norm, k_norm, qkv_bias, qk_norm, has_bias, planes, kc_all,
+                      vc_all, pos, cos, sin, H, nt):
         """Every layer of one decode step in a single numba call, all seven matrices row-interleaved Q4_0.
 
         Exactly the per-layer code of ``Qwen3Engine._forward`` (same kernels, same order of float
         operations, so the logits are bit-identical), without its ~20 Python-level calls per layer:
         at 30+ tok/s one step lasts ~25 ms and the interpreter's dispatch, allocations and argument
         checks would otherwise cost several of them. The parallel kernels it calls still run on all
-        numba threads. ``h`` (1, hidden) is updated in place; ``planes`` is the tuple (nibbles, scales)
+        numba threads. The architecture's attention traits (``config.ATTENTION_TRAITS``) come as
+        ``qk_norm`` (Qwen3: per-head RMSNorm of q and k, ``q_norm``/``k_norm`` (L, D)) and ``has_bias``
+        (Qwen2: ``qkv_bias`` = (q, k, v) biases, each (L, dim), added after the projections); an
+        absent tensor is an empty (L, 0) array. ``h`` (1, hidden) is updated in place; ``planes`` is the tuple (nibbles, scales)
         × (q, k, v, o, gate, up, down), each the whole stack of layers; ``kc_all``/``vc_all`` the KV
         cache (layers, kv_heads, max_context, head_dim), written at ``pos``; ``nt`` the thread count (each
         matvec is cut into ``4·nt`` chunks, as ``kernels.n_chunks`` does).
         """
         qn, qs, kn, ks, vn, vs, on, os_, gn, gs, un, us, dn, ds = planes
+        qb, kb, vb = qkv_bias
         L, hid = attn_norm.shape
         KVH, D = kc_all.shape[1], kc_all.shape[3]
         inter = gn.shape[0] * G // L
@@ -78,8 +83,16 @@ def make_decode_layers(kind: str):
             else:
                 V.matvec3_q4_v16_vnni(*qkv, xq, xc, xd, q.reshape(-1), k.reshape(-1), v.reshape(-1),
                                       min(gq + 2 * gk, 4 * nt))
-            K.rmsnorm_heads(q, q_norm[l], eps)
-            K.rmsnorm_heads(k, k_norm[l], eps)
+            if has_bias:
+                qf, kf, vf = q.reshape(-1), k.reshape(-1), v.reshape(-1)
+                for i in range(qf.size):
+                    qf[i] += qb[l, i]
+                for i in range(kf.size):
+                    kf[i] += kb[l, i]
+                    vf[i] += vb[l, i]
+            if qk_norm:
+                K.rmsnorm_heads(q, q_norm[l], eps)
+                K.rmsnorm_heads(k, k_norm[l], eps)
             apply_rope(q, cos, sin)
             apply_rope(k, cos, sin)
             kc_all[l, :, pos, :] = k[0]

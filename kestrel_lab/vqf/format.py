@@ -150,7 +150,7 @@ HEADER_FIELDS: tuple[Field, ...] = (
     Field(8, "flags", "I", "FLAG bits (table below)", "no unknown bit; exactly one of FNV_TRAILER, ENCRYPTED"),
     Field(12, "n_tensors", "I", "directory entries", f"448 + 64·n <= file size, n <= {MAX_TENSORS}"),
     # ---- model configuration (ModelConfig), text model
-    Field(16, "arch", "I", "architecture: 1 qwen3, 2 qwen3_vl, 3 qwen3_moe", "known id"),
+    Field(16, "arch", "I", "architecture: 1 qwen3, 2 qwen3_vl, 3 qwen3_moe, 4 qwen2", "known id"),
     Field(20, "vocab_size", "I", "token embedding rows"),
     Field(24, "hidden_size", "I", "model width"),
     Field(28, "intermediate_size", "I", "dense FFN width"),

@@ -23,6 +23,9 @@ has a multiple of 8 rows), a converter can quantize and write the pieces one at 
 Names of the text model follow the article's file (``q4_lm`` etc. keep their names whatever the
 ``--quant``; the entry's qtype field is authoritative). Qwen3-VL checkpoints name the text model
 ``model.language_model.*`` and the vision tower ``model.visual.*``; dense Qwen3 uses ``model.*``.
+Attention's small tensors follow ``config.ATTENTION_TRAITS``: Qwen3 files carry ``q_norm``/``k_norm``;
+Qwen2/Qwen2.5 files carry ``q_bias``/``k_bias``/``v_bias`` instead (F32, stacked per layer) and no
+q/k norm.
 Tied embeddings: ``q4_lm`` is then built from ``embed_tokens`` (the quantized copy of the tied
 matrix, as in the article's file).
 
@@ -168,8 +171,20 @@ def _text_specs(cfg: ModelConfig, qt: dict[str, int], prefix: str, lm_head: str,
         TensorSpec("final_norm", qt["f32"], 1, h, (f"{prefix}norm.weight",), "final RMSNorm"),
         TensorSpec("attn_norm", qt["f32"], L, h, lay("input_layernorm.weight"), "RMSNorm before attention, per layer"),
         TensorSpec("ffn_norm", qt["f32"], L, h, lay("post_attention_layernorm.weight"), "RMSNorm before the FFN"),
-        TensorSpec("q_norm", qt["f32"], L, hd, lay("self_attn.q_norm.weight"), "per-head RMSNorm of q"),
-        TensorSpec("k_norm", qt["f32"], L, hd, lay("self_attn.k_norm.weight"), "per-head RMSNorm of k"),
+    ]
+    traits = cfg.attention            # config.ATTENTION_TRAITS: which small attention tensors exist
+    if traits.qk_norm:
+        specs += [
+            TensorSpec("q_norm", qt["f32"], L, hd, lay("self_attn.q_norm.weight"), "per-head RMSNorm of q"),
+            TensorSpec("k_norm", qt["f32"], L, hd, lay("self_attn.k_norm.weight"), "per-head RMSNorm of k"),
+        ]
+    if traits.qkv_bias:
+        specs += [
+            TensorSpec("q_bias", qt["f32"], L, cfg.q_dim, lay("self_attn.q_proj.bias"), "Q projection bias, per layer"),
+            TensorSpec("k_bias", qt["f32"], L, cfg.kv_dim, lay("self_attn.k_proj.bias"), "K projection bias, per layer"),
+            TensorSpec("v_bias", qt["f32"], L, cfg.kv_dim, lay("self_attn.v_proj.bias"), "V projection bias, per layer"),
+        ]
+    specs += [
         TensorSpec("q4_q", qt["text"], L * cfg.q_dim, h, lay("self_attn.q_proj.weight"), "Q projection"),
         TensorSpec("q4_k", qt["text"], L * cfg.kv_dim, h, lay("self_attn.k_proj.weight"), "K projection"),
         TensorSpec("q4_v", qt["text"], L * cfg.kv_dim, h, lay("self_attn.v_proj.weight"), "V projection"),
@@ -240,7 +255,8 @@ def plan(config: ModelConfig, quant: "str | QType" = "q4_0", experts: str = "per
     """The tensors of ``config``'s VQF file in dump order (names, qtypes, shapes, HF sources).
 
     Qwen3-VL: 14 text + 4 vision Q8_0 + 11 vision F32 + 6 merger + 6 DeepStack entries (41 for the
-    2B model). Dense Qwen3: the 14 text entries. Qwen3-MoE: the router and the three expert
+    2B model). Dense Qwen3: the 14 text entries. Qwen2/Qwen2.5: 15 (``q_bias``/``k_bias``/``v_bias``
+    instead of ``q_norm``/``k_norm``). Qwen3-MoE: the router and the three expert
     matrices replace gate/up/down: ``moe_router`` (F32, MoE layers × experts rows), ``q4_gate_exps`` /
     ``q4_up_exps`` (MoE layers × experts × moe_intermediate rows of hidden) and ``q4_down_exps`` (MoE
     layers × experts × hidden rows of moe_intermediate), MoE layer major, expert minor, so each

@@ -3,7 +3,7 @@
 The page marks each generated table with ``<!-- generated:KEY -->`` … ``<!-- /generated:KEY -->``;
 ``render`` produces the tables from ``kestrel_lab.vqf.format`` (header, VQFSig, entry, flags), the
 qtype table from ``kestrel_lab.quant.QTYPES``, the 41-entry map and Qwen3-30B-A3B's MoE map (with the
-dense-layer variant) from the planner; ``splice``
+dense-layer variant) and Qwen2.5-0.5B-Instruct's map (q/k/v biases) from the planner; ``splice``
 puts them in place. ``kestrel-lab vqf spec`` rewrites the page, and a test fails when it is stale.
 
 The page is read alongside day16_2.
@@ -22,14 +22,21 @@ def _map_2b() -> str:
     from kestrel_lab.vqf.planner import plan_file
 
     fp = plan_file(configs_dir() / "qwen3-vl-2b-instruct.config.json")
-    rows = ["| # | name | qtype | rows × cols | offset | bytes |", "|---:|---|---|---|---:|---:|"]
+    return _entries_table(fp, sources=False, totals=f"目录 bytes 之和 = {fp.dir_bytes_sum:,}；")
+
+
+def _entries_table(fp, sources: bool, totals: str = "") -> str:
+    """A planned file's directory as a table (# name qtype rows × cols offset bytes [sources]) and its sizes."""
+    from kestrel_lab.convert import source_pattern
+
+    rows = ["| # | name | qtype | rows × cols | offset | bytes |" + (" 来源（按序堆叠） |" if sources else ""),
+            "|---:|---|---|---|---:|---:|" + ("---|" if sources else "")]
     for i, e in enumerate(fp.entries):
         s = e.spec
         rows.append(f"| {i} | `{s.name}` | {s.qtype} {s.qtype_name} | {s.rows:,} × {s.cols:,} | {e.offset:,} | "
-                    f"{s.nbytes:,} |")
+                    f"{s.nbytes:,} |" + (f" `{source_pattern(s.sources)}` |" if sources else ""))
     rows.append("")
-    rows.append(f"data_offset = {fp.data_offset:,}；目录 bytes 之和 = {fp.dir_bytes_sum:,}；"
-                f"file_len = {fp.file_len:,}；文件大小 = {fp.file_size:,}。")
+    rows.append(f"data_offset = {fp.data_offset:,}；{totals}file_len = {fp.file_len:,}；文件大小 = {fp.file_size:,}。")
     return "\n".join(rows)
 
 
@@ -86,6 +93,13 @@ def _moe() -> str:
     return "\n".join(rows)
 
 
+def _qwen2() -> str:
+    """Qwen2.5-0.5B-Instruct's map: q/k/v biases instead of q/k norms (``config.ATTENTION_TRAITS``)."""
+    from kestrel_lab.vqf.planner import plan_file
+
+    return _entries_table(plan_file(configs_dir() / "qwen2.5-0.5b-instruct.config.json"), sources=True)
+
+
 def _limits() -> str:
     from kestrel_lab.config import ModelConfig
     from kestrel_lab.limits import spec_table
@@ -108,6 +122,7 @@ def render() -> dict[str, str]:
     out["map2b"] = _map_2b()
     out["sources"] = _sources()
     out["moe"] = _moe()
+    out["qwen2"] = _qwen2()
     return out
 
 
