@@ -64,6 +64,7 @@ VOCAB = 151936
 MIN_PIXELS, MAX_PIXELS = 65536, 16777216   # Qwen3-VL's preprocessor_config "size"
 PATCH, TEMPORAL, MERGE = 16, 2, 2
 N_IMAGE_TOKENS = (synthetic.SIZE // PATCH // MERGE) ** 2   # 8 × 8 = 64
+STAGE1_STEPS, STAGE2_STEPS = 1200, 700   # make tiny-vl: stage 1, then a stage 2 on fresh seeds
 
 
 def build_config(width: int, depth: int, heads: int, deepstack: list[int]) -> dict:
@@ -531,16 +532,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=REPO / "data" / "models" / "qwen3-tiny-vl")
     ap.add_argument("--quick", action="store_true", help="smoke run: 12 steps of 4, 12 held-out items")
-    ap.add_argument("--steps", type=int, default=900)
+    ap.add_argument("--steps", type=int, default=None,
+                    help="optimiser steps (default 1200 for stage 1, 700 for a stage started by --init-from)")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--final-lr", type=float, default=1e-4)
     ap.add_argument("--warmup", type=int, default=40)
     ap.add_argument("--weight-decay", type=float, default=0.05)
-    ap.add_argument("--width", type=int, default=64, help="vision tower width")
-    ap.add_argument("--depth", type=int, default=4, help="vision tower blocks")
+    ap.add_argument("--width", type=int, default=128, help="vision tower width")
+    ap.add_argument("--depth", type=int, default=6, help="vision tower blocks")
     ap.add_argument("--heads", type=int, default=2, help="vision attention heads")
-    ap.add_argument("--deepstack", type=str, default="1,2", help="vision blocks feeding DeepStack")
+    ap.add_argument("--deepstack", type=str, default="1,3", help="vision blocks feeding DeepStack")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--log-every", type=int, default=20)
@@ -548,13 +550,21 @@ def main(argv=None) -> int:
     ap.add_argument("--poem", type=Path, default=tiny_poem_dir())
     ap.add_argument("--init-from", type=Path, default=None,
                     help="start from a checkpoint this script wrote (a second stage) instead of the poem model")
-    ap.add_argument("--first-seed", type=int, default=0, help="first training seed (a second stage continues)")
+    ap.add_argument("--first-seed", type=int, default=None,
+                    help="first training seed (default 0; with --init-from, the seed after the previous stage's last)")
     ap.add_argument("--no-eval", action="store_true", help="save the checkpoint and training.json only")
     ap.add_argument("--readme-only", action="store_true", help="rewrite README.md from the run's files in --out")
     args = ap.parse_args(argv)
     if args.readme_only:
         print(write_readme(args.out))
         return 0
+    if args.steps is None:
+        args.steps = STAGE2_STEPS if args.init_from else STAGE1_STEPS
+    if args.first_seed is None:
+        args.first_seed = 0
+        if args.init_from:
+            prev = json.loads((args.init_from / "training.json").read_text(encoding="utf-8"))
+            args.first_seed = int(prev["last_train_seed"]) + 1
     if args.quick:
         args.steps, args.batch, args.warmup, args.log_every = 12, 4, 3, 3
         args.n_heldout = args.n_heldout or 12
