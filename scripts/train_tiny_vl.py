@@ -509,8 +509,8 @@ def write_readme(out: Path, keep_engine_section: bool = False) -> Path:
         "",
         "## Training",
         "",
-        f"{'The last stage, ' if prev else ''}`{tr['command'].strip()}`"
-        f"{' (`make tiny-vl`)' if _is_make_recipe(tr['command']) else ''}: "
+        f"{'The last stage, ' if prev else ''}`{_explicit_command(tr)}`"
+        f"{' (`make tiny-vl`)' if _explicit_command(tr) == tr['command'].strip() and _is_make_recipe(tr['command']) else ''}: "
         f"{tr['steps']} steps of {tr['batch']} pictures "
         f"({tr['train_images']:,} distinct training seeds, {tr['first_train_seed']}…{tr['last_train_seed']}, skipping "
         f"the held-out combinations), AdamW (lr {a['lr']:g}, {a['warmup']} warm-up steps, cosine to {a['final_lr']:g}, "
@@ -566,7 +566,7 @@ def write_readme(out: Path, keep_engine_section: bool = False) -> Path:
     return path
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=REPO / "data" / "models" / "qwen3-tiny-vl")
     ap.add_argument("--quick", action="store_true", help="smoke run: 12 steps of 4, 12 held-out items")
@@ -592,7 +592,30 @@ def main(argv=None) -> int:
                     help="first training seed (default 0; with --init-from, the seed after the previous stage's last)")
     ap.add_argument("--no-eval", action="store_true", help="save the checkpoint and training.json only")
     ap.add_argument("--readme-only", action="store_true", help="rewrite README.md from the run's files in --out")
-    args = ap.parse_args(argv)
+    return ap
+
+
+# the options that shape the model or the run; a recorded run whose values differ from today's defaults
+# names them in the README (the defaults changed when the two-stage recipe became `make tiny-vl`)
+RECIPE_OPTIONS = ("steps", "batch", "lr", "final_lr", "warmup", "weight_decay", "width", "depth", "heads",
+                  "deepstack", "seed", "threads", "first_seed")
+
+
+def _explicit_command(tr: dict) -> str:
+    """The recorded command with every recipe option whose value differs from today's default spelled out."""
+    a, defaults, stage2 = tr["args"], vars(build_parser().parse_args([])), bool(tr["args"].get("init_from"))
+    defaults["steps"] = STAGE2_STEPS if stage2 else STAGE1_STEPS
+    defaults["first_seed"] = None if stage2 else 0
+    extra = []
+    for k in RECIPE_OPTIONS:
+        if k in a and a[k] != defaults[k] and not (k == "first_seed" and stage2) and f"--{k.replace('_', '-')}" \
+                not in tr["command"]:
+            extra.append(f"--{k.replace('_', '-')} {a[k]}")
+    return tr["command"].strip() + "".join(" " + e for e in extra)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     if args.readme_only:
         print(write_readme(args.out, keep_engine_section=True))
         return 0
