@@ -14,6 +14,13 @@ quantization; F32 goldens are exact (threshold 0: every step must agree). The th
 not tuned: it is a multiple of the largest logit difference measured between two kernel paths of the
 engine on the same file (``kernel_path_spread``).
 
+A model with a vision tower (``qwen3-tiny-vl``) keeps, per case, the seed of a synthetic picture
+instead of a text prompt: the replay redraws the picture (``vision.synthetic.draw``), preprocesses it
+(``vision.preprocess.load_image``), builds the chat prompt around it (``vision.prompt.encode_vl_chat``)
+and checks those ids against the golden ``prompt_ids`` before it replays the continuation through
+``prefill_vl`` — so a change in drawing, resizing or the template fails the check too, not only a
+kernel. Its continuations end at ``<|im_end|>`` (or ``<|endoftext|>``).
+
 Golden files change only through ``kestrel-lab golden update``, which prints what changed.
 Taught in day25_3.
 """
@@ -26,13 +33,14 @@ from pathlib import Path
 import numpy as np
 
 from kestrel_lab.atomic import write_json
-from kestrel_lab.engine.generate import ENDOFTEXT
+from kestrel_lab.engine.generate import ENDOFTEXT, IM_END
 from kestrel_lab.paths import data_dir
 
 SCHEMA = "kestrel-lab/golden/1"
 QUANTS = ("f32", "f16", "q8_0", "q4_0")
 MAX_NEW = 32
 EOT = ENDOFTEXT  # the poem model ends every poem with <|endoftext|>
+VL_STOP = (IM_END, ENDOFTEXT)  # a VL answer ends its chat message
 # A mismatch counts only where the golden top-2 margin exceeds this (logits). F32 is exact. For the
 # others: 0.5, about 2.5× the largest logit difference measured between the engine's two Q4_0 kernel
 # paths on the poem model's golden prompts (row-interleaved vs plain: 0.19 on the course's x86 machine,
@@ -57,10 +65,61 @@ def model_vqf(model: str, quant: str) -> Path:
     return models.vqf(model if model in models.TRAINED else data_dir() / "models" / model, quant=quant)
 
 
+def _greedy_doc(model: str) -> dict:
+    return json.loads((data_dir() / "models" / model / "greedy.json").read_text(encoding="utf-8"))
+
+
+def is_vl(model: str) -> bool:
+    """Whether the embedded model's greedy.json holds pictures (seeds) rather than text prompts."""
+    cases = _greedy_doc(model)["cases"]
+    return bool(cases) and "seed" in cases[0]
+
+
 def default_prompts(model: str) -> list[dict]:
-    """The prompts of a model's golden file: the poem model's greedy.json prompts (id lists)."""
-    cases = json.loads((data_dir() / "models" / model / "greedy.json").read_text(encoding="utf-8"))["cases"]
+    """The prompts of a model's golden file: the model's greedy.json cases (id lists; for a VL model
+    also the picture's seed and the expected sentence)."""
+    cases = _greedy_doc(model)["cases"]
+    if cases and "seed" in cases[0]:
+        return [{"prompt": f"seed {c['seed']}: {c['expected']}", "seed": int(c["seed"]), "expected": c["expected"],
+                 "prompt_ids": list(c["prompt_ids"])} for c in cases]
     return [{"prompt": c["prompt"], "prompt_ids": list(c["prompt_ids"])} for c in cases]
+
+
+def _limits(model: str) -> tuple[int, tuple[int, ...]]:
+    """(max new tokens, stop ids) of a model's golden continuations."""
+    if is_vl(model):
+        g = _greedy_doc(model)
+        return int(g.get("max_new_tokens", 24)), tuple(g.get("eos_token_ids", VL_STOP))
+    return MAX_NEW, (EOT,)
+
+
+def vl_prompt(engine, case: dict):
+    """Redraw and preprocess the case's picture and build its prompt: (ids, image). Raises ValueError
+    where the ids differ from the golden ``prompt_ids`` (drawing, resizing or the template changed)."""
+    from kestrel_lab.vision import prompt as VP
+    from kestrel_lab.vision import synthetic
+    from kestrel_lab.vision.preprocess import load_image
+    from kestrel_lab.vocab import Tokenizer
+
+    picture, _ = synthetic.draw(case["seed"])
+    image = load_image(picture, vision=engine.config.vision)
+    msg = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": synthetic.QUESTION}]}]
+    ids = [int(i) for i in VP.encode_vl_chat(Tokenizer.default(), msg, [image.grid_thw])]
+    want = list(case["prompt_ids"])
+    if ids != want:
+        at = next((k for k, (a, b) in enumerate(zip(ids, want)) if a != b), min(len(ids), len(want)))
+        raise ValueError(f"golden case seed {case['seed']}: the prompt built from the redrawn picture differs from "
+                         f"the golden prompt_ids at position {at} ({len(ids)} vs {len(want)} ids)")
+    return ids, image
+
+
+def _prefill(engine, case: dict) -> np.ndarray:
+    """Reset the engine and prefill the case's prompt (a picture's prompt through ``prefill_vl``)."""
+    engine.reset()
+    if "seed" in case:
+        ids, image = vl_prompt(engine, case)
+        return engine.prefill_vl(ids, [image])
+    return engine.prefill(case["prompt_ids"])
 
 
 def top2_margin(logits: np.ndarray) -> tuple[int, float]:
@@ -70,16 +129,17 @@ def top2_margin(logits: np.ndarray) -> tuple[int, float]:
     return int(a), float(logits[a] - logits[b])
 
 
-def greedy_with_margins(engine, prompt_ids: list[int], max_new: int = MAX_NEW) -> tuple[list[int], list[float]]:
-    """The greedy continuation (stopping after EOT) and the top-2 margin at each step."""
-    engine.reset()
-    logits = engine.prefill(prompt_ids)
+def greedy_with_margins(engine, prompt_ids, max_new: int = MAX_NEW,
+                        stop: tuple[int, ...] = (EOT,)) -> tuple[list[int], list[float]]:
+    """The greedy continuation (stopping after a stop id) and the top-2 margin at each step.
+    ``prompt_ids``: a list of ids, or a golden case (a VL case is prefilled with its picture)."""
+    logits = _prefill(engine, prompt_ids if isinstance(prompt_ids, dict) else {"prompt_ids": prompt_ids})
     ids, margins = [], []
     while True:
         tok, margin = top2_margin(logits)
         ids.append(tok)
         margins.append(round(margin, 6))
-        if tok == EOT or len(ids) == max_new:
+        if tok in stop or len(ids) == max_new:
             return ids, margins
         logits = engine.decode(tok)
 
@@ -112,8 +172,7 @@ class QuantResult:
 
 def replay(engine, case: dict, golden: dict, threshold: float, index: int = 0) -> tuple[int, list[Mismatch]]:
     """Teacher-forced replay of one golden continuation; return (steps, mismatches)."""
-    engine.reset()
-    logits = engine.prefill(case["prompt_ids"])
+    logits = _prefill(engine, case)
     out = []
     ids, margins = golden["ids"], golden["margins"]
     for step, (want, margin) in enumerate(zip(ids, margins)):
@@ -140,10 +199,14 @@ def check(model: str = "qwen3-tiny-poem", quants=None, *, path: Path | None = No
     return results
 
 
-def _open(model: str, quant: str):
+def _open(model: str, quant: str, **kw):
+    if is_vl(model):
+        from kestrel_lab.engine.vl import open_engine
+
+        return open_engine(model_vqf(model, quant), max_context=256, **kw)
     from kestrel_lab.engine import Qwen3Engine
 
-    return Qwen3Engine.from_vqf(model_vqf(model, quant), max_context=256)
+    return Qwen3Engine.from_vqf(model_vqf(model, quant), max_context=256, **kw)
 
 
 def make(model: str = "qwen3-tiny-poem", quants=QUANTS, *, open_engine=None) -> dict:
@@ -151,15 +214,19 @@ def make(model: str = "qwen3-tiny-poem", quants=QUANTS, *, open_engine=None) -> 
     from kestrel_lab.measure import provenance
 
     cases = default_prompts(model)
+    max_new, stop = _limits(model)
     for case in cases:
         case["golden"] = {}
     for quant in quants:
         engine = open_engine(quant) if open_engine else _open(model, quant)
         for case in cases:
-            ids, margins = greedy_with_margins(engine, case["prompt_ids"])
+            ids, margins = greedy_with_margins(engine, case, max_new, stop)
             case["golden"][quant] = {"ids": ids, "margins": margins}
     prov = provenance("golden")
-    return {"schema": SCHEMA, "model": model, "quants": list(quants), "max_new": MAX_NEW,
+    return {"schema": SCHEMA, "model": model, "quants": list(quants), "max_new": max_new,
+            **({"stop_ids": list(stop), "pictures": "vision.synthetic.draw(seed), preprocessed by "
+                "vision.preprocess.load_image; the prompt ids are checked before each replay"}
+               if is_vl(model) else {}),
             "margin_threshold": {q: MARGIN_THRESHOLD[q] for q in quants},
             "made_with": {k: prov[k] for k in ("date",) if k in prov} | {
                 "git_commit": (prov.get("machine") or {}).get("git_commit"),
@@ -214,20 +281,15 @@ def update(model: str = "qwen3-tiny-poem", quants=QUANTS, *, path: Path | None =
 def kernel_path_spread(model: str = "qwen3-tiny-poem", quant: str = "q4_0") -> float:
     """Largest |logit difference| between the engine's row-interleaved and plain Q4_0 kernels, over
     the golden prompts' prefill and greedy steps: the size of a legitimate last-bits difference."""
-    from kestrel_lab.engine import Qwen3Engine
-
-    path = model_vqf(model, quant)
-    a = Qwen3Engine.from_vqf(path, max_context=256)
-    b = Qwen3Engine.from_vqf(path, max_context=256, interleave=False)
+    a, b = _open(model, quant), _open(model, quant, interleave=False)
+    max_new, stop = _limits(model)
     spread = 0.0
     for case in default_prompts(model):
-        la, lb = a.prefill(case["prompt_ids"]), b.prefill(case["prompt_ids"])
-        for _ in range(MAX_NEW):
+        la, lb = _prefill(a, case), _prefill(b, case)
+        for _ in range(max_new):
             spread = max(spread, float(np.max(np.abs(la - lb))))
             tok = int(np.argmax(la))
-            if tok == EOT:
+            if tok in stop:
                 break
             la, lb = a.decode(tok), b.decode(tok)
-        a.reset()
-        b.reset()
     return spread

@@ -1,6 +1,6 @@
 """Train qwen3-tiny-vl: a small Qwen3-VL that says what it sees (the VL twin of qwen3-tiny-poem).
 
-The model is transformers' own ``Qwen3VLForConditionalGeneration`` (a 4-block vision tower with
+The model is transformers' own ``Qwen3VLForConditionalGeneration`` (a 6-block vision tower with
 DeepStack taps, the poem model's 4-layer text tower as the starting point, the real 151,936-row
 vocabulary), trained on CPU with torch on the synthetic pictures of ``kestrel_lab.vision.synthetic``
 to answer 「图里有什么？」 with one exact sentence such as 「左上角有一个红色的圆。」. Pixels go through
@@ -21,7 +21,9 @@ versions, the check above), training.log, heldout.json (greedy ``generate`` on e
 the bf16 checkpoint loaded back in float32) and greedy.json (ten held-out items: prompt ids, greedy
 ids and text, for the engine to reproduce).
 
-    nice -n 10 python scripts/train_tiny_vl.py            # the committed model (make tiny-vl)
+    nice -n 10 python scripts/train_tiny_vl.py --out STAGE1 --no-eval    # stage 1: 1,200 steps
+    nice -n 10 python scripts/train_tiny_vl.py --init-from STAGE1        # stage 2: 700 steps, evaluation
+                                                                         # (the two are `make tiny-vl`)
     python scripts/train_tiny_vl.py --quick --out /tmp/x  # one-minute smoke run
 
 ``--init-from DIR --first-seed N`` starts a further stage from a checkpoint this script wrote (a fresh
@@ -64,6 +66,7 @@ VOCAB = 151936
 MIN_PIXELS, MAX_PIXELS = 65536, 16777216   # Qwen3-VL's preprocessor_config "size"
 PATCH, TEMPORAL, MERGE = 16, 2, 2
 N_IMAGE_TOKENS = (synthetic.SIZE // PATCH // MERGE) ** 2   # 8 × 8 = 64
+STAGE1_STEPS, STAGE2_STEPS = 1200, 700   # make tiny-vl: stage 1, then a stage 2 on fresh seeds
 
 
 def build_config(width: int, depth: int, heads: int, deepstack: list[int]) -> dict:
@@ -385,8 +388,17 @@ def _start_lines(tr: dict) -> list[str]:
                    f"(seeds {prev['first_train_seed']}…{prev['last_train_seed']}), lr {pa['lr']:g} → "
                    f"{pa['final_lr']:g}, loss {prev['loss_first']:.3f} → {prev['loss_last']:.4f}, "
                    f"{prev['train_seconds']:.0f} s wall / {prev['train_cpu_seconds']:.0f} s CPU. Stage 2 (the "
-                   f"command above) starts from stage 1's bf16 checkpoint with a fresh optimiser and new seeds.")
+                   f"command above) starts from stage 1's bf16 checkpoint with a fresh optimiser and new seeds "
+                   f"(by default the {STAGE2_STEPS}-step stage on the seeds after stage 1's). "
+                   "`make tiny-vl` runs both stages.")
     return out
+
+
+def _is_make_recipe(command: str) -> bool:
+    """Whether a recorded command is a stage of ``make tiny-vl`` (defaults only; stage 2 names its start)."""
+    args = command.split()[2:]
+    return args in ([], ["--no-eval"]) or (len(args) == 2 and args[0] == "--init-from") or \
+        (len(args) == 3 and args[0] == "--out" and args[2] == "--no-eval")
 
 
 def _shape_confusion(items: list[dict]) -> list[str]:
@@ -404,8 +416,34 @@ def _shape_confusion(items: list[dict]) -> list[str]:
     return out + [""]
 
 
-def write_readme(out: Path) -> Path:
-    """README.md of the model folder, every figure read from the files the run wrote."""
+ENGINE_HEADING = "## The engine on the same pictures"
+ENGINE_BEGIN = "<!-- engine-agreement:begin (written by scripts/tiny_vl_agreement.py) -->"
+ENGINE_END = "<!-- engine-agreement:end -->"
+
+
+def _engine_section(old_readme: str | None) -> list[str]:
+    """The README's engine section: kept as it is (``--readme-only``: same checkpoint), else its text with
+    the markers that scripts/tiny_vl_agreement.py fills in (a new checkpoint has no agreement yet)."""
+    if old_readme and ENGINE_HEADING in old_readme and ENGINE_BEGIN in old_readme:
+        return [ENGINE_HEADING + old_readme.split(ENGINE_HEADING, 1)[1].rstrip("\n"), ""]
+    return [
+        ENGINE_HEADING, "",
+        "The numba engine (`kestrel_lab.engine.vl`) on the VQF files `models.vqf(\"qwen3-tiny-vl\", quant=…)` converts "
+        "from `model.safetensors`: every held-out picture is drawn again, preprocessed by `vision.preprocess.load_image`, "
+        "put in the prompt by `vision.prompt.encode_vl_chat` and decoded greedily (at most 24 tokens). \"Same ids\" "
+        "compares the engine's continuation with transformers' `got_ids` in `heldout.json` token for token; \"right\" "
+        "is the exact sentence followed by `<|im_end|>`. In the Q8_0 and Q4_0 files only the text tower's matrices take "
+        "that quant (the embedding stays F16, the vision matrices Q8_0). `tests/test_tiny_vl.py` checks the ten cases "
+        "of `greedy.json` at F32 token for token, prompt ids included; lesson day21_3 runs the pipeline step by step.",
+        "", ENGINE_BEGIN, "Not computed for this checkpoint yet: run `scripts/tiny_vl_agreement.py`.", ENGINE_END, ""]
+
+
+def write_readme(out: Path, keep_engine_section: bool = False) -> Path:
+    """README.md of the model folder, every figure read from the files the run wrote. The engine section
+    is kept from the old README with ``keep_engine_section`` (the same checkpoint), else left for
+    scripts/tiny_vl_agreement.py to fill in."""
+    old_path = out / "README.md"
+    old_readme = old_path.read_text(encoding="utf-8") if keep_engine_section and old_path.is_file() else None
     tr = json.loads((out / "training.json").read_text(encoding="utf-8"))
     ho = json.loads((out / "heldout.json").read_text(encoding="utf-8"))
     cfg = json.loads((out / "config.json").read_text(encoding="utf-8"))
@@ -471,8 +509,8 @@ def write_readme(out: Path) -> Path:
         "",
         "## Training",
         "",
-        f"{'The last stage, ' if prev else ''}`{tr['command'].strip()}`"
-        f"{' (`make tiny-vl`)' if tr['command'].strip() == 'python scripts/train_tiny_vl.py' else ''}: "
+        f"{'The last stage, ' if prev else ''}`{_explicit_command(tr)}`"
+        f"{' (`make tiny-vl`)' if _explicit_command(tr) == tr['command'].strip() and _is_make_recipe(tr['command']) else ''}: "
         f"{tr['steps']} steps of {tr['batch']} pictures "
         f"({tr['train_images']:,} distinct training seeds, {tr['first_train_seed']}…{tr['last_train_seed']}, skipping "
         f"the held-out combinations), AdamW (lr {a['lr']:g}, {a['warmup']} warm-up steps, cosine to {a['final_lr']:g}, "
@@ -520,6 +558,7 @@ def write_readme(out: Path) -> Path:
             f"seed {i['seed']} 「{i['expected']}」 → 「{i['got']}」" for i in wrong[:8])
             + (" …" if len(wrong) > 8 else "") + "." if wrong else " No item is wrong."),
         "",
+        *_engine_section(old_readme),
     ]
     path = out / "README.md"
     with atomic_write(path, "w") as fh:
@@ -527,20 +566,21 @@ def write_readme(out: Path) -> Path:
     return path
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=REPO / "data" / "models" / "qwen3-tiny-vl")
     ap.add_argument("--quick", action="store_true", help="smoke run: 12 steps of 4, 12 held-out items")
-    ap.add_argument("--steps", type=int, default=900)
+    ap.add_argument("--steps", type=int, default=None,
+                    help="optimiser steps (default 1200 for stage 1, 700 for a stage started by --init-from)")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--final-lr", type=float, default=1e-4)
     ap.add_argument("--warmup", type=int, default=40)
     ap.add_argument("--weight-decay", type=float, default=0.05)
-    ap.add_argument("--width", type=int, default=64, help="vision tower width")
-    ap.add_argument("--depth", type=int, default=4, help="vision tower blocks")
+    ap.add_argument("--width", type=int, default=128, help="vision tower width")
+    ap.add_argument("--depth", type=int, default=6, help="vision tower blocks")
     ap.add_argument("--heads", type=int, default=2, help="vision attention heads")
-    ap.add_argument("--deepstack", type=str, default="1,2", help="vision blocks feeding DeepStack")
+    ap.add_argument("--deepstack", type=str, default="1,3", help="vision blocks feeding DeepStack")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--log-every", type=int, default=20)
@@ -548,13 +588,44 @@ def main(argv=None) -> int:
     ap.add_argument("--poem", type=Path, default=tiny_poem_dir())
     ap.add_argument("--init-from", type=Path, default=None,
                     help="start from a checkpoint this script wrote (a second stage) instead of the poem model")
-    ap.add_argument("--first-seed", type=int, default=0, help="first training seed (a second stage continues)")
+    ap.add_argument("--first-seed", type=int, default=None,
+                    help="first training seed (default 0; with --init-from, the seed after the previous stage's last)")
     ap.add_argument("--no-eval", action="store_true", help="save the checkpoint and training.json only")
     ap.add_argument("--readme-only", action="store_true", help="rewrite README.md from the run's files in --out")
-    args = ap.parse_args(argv)
+    return ap
+
+
+# the options that shape the model or the run; a recorded run whose values differ from today's defaults
+# names them in the README (the defaults changed when the two-stage recipe became `make tiny-vl`)
+RECIPE_OPTIONS = ("steps", "batch", "lr", "final_lr", "warmup", "weight_decay", "width", "depth", "heads",
+                  "deepstack", "seed", "threads", "first_seed")
+
+
+def _explicit_command(tr: dict) -> str:
+    """The recorded command with every recipe option whose value differs from today's default spelled out."""
+    a, defaults, stage2 = tr["args"], vars(build_parser().parse_args([])), bool(tr["args"].get("init_from"))
+    defaults["steps"] = STAGE2_STEPS if stage2 else STAGE1_STEPS
+    defaults["first_seed"] = None if stage2 else 0
+    extra = []
+    for k in RECIPE_OPTIONS:
+        if k in a and a[k] != defaults[k] and not (k == "first_seed" and stage2) and f"--{k.replace('_', '-')}" \
+                not in tr["command"]:
+            extra.append(f"--{k.replace('_', '-')} {a[k]}")
+    return tr["command"].strip() + "".join(" " + e for e in extra)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     if args.readme_only:
-        print(write_readme(args.out))
+        print(write_readme(args.out, keep_engine_section=True))
         return 0
+    if args.steps is None:
+        args.steps = STAGE2_STEPS if args.init_from else STAGE1_STEPS
+    if args.first_seed is None:
+        args.first_seed = 0
+        if args.init_from:
+            prev = json.loads((args.init_from / "training.json").read_text(encoding="utf-8"))
+            args.first_seed = int(prev["last_train_seed"]) + 1
     if args.quick:
         args.steps, args.batch, args.warmup, args.log_every = 12, 4, 3, 3
         args.n_heldout = args.n_heldout or 12

@@ -1,21 +1,53 @@
-"""Golden files: the committed token ids of the poem model hold at every quantization, and the replay
-counts a mismatch only where the golden margin is above the stated threshold (F32: always)."""
+"""Golden files: the committed token ids of the poem model and of the tiny VL model hold at every
+quantization, and the replay counts a mismatch only where the golden margin is above the stated
+threshold (F32: always). The VL replay redraws each picture and checks the prompt ids first."""
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from kestrel_lab import golden
+from kestrel_lab.vision import synthetic
 
 MODEL = "qwen3-tiny-poem"
+VL = "qwen3-tiny-vl"
+MIN_STEPS = {MODEL: 100, VL: 80}
 
 
 @pytest.mark.parametrize("quant", golden.QUANTS)
-def test_committed_golden_file_holds(quant):
-    (result,) = golden.check(MODEL, [quant])
-    assert result.steps >= 100
+@pytest.mark.parametrize("model", [MODEL, VL])
+def test_committed_golden_file_holds(model, quant):
+    (result,) = golden.check(model, [quant])
+    assert result.steps >= MIN_STEPS[model]
     assert result.ok, "\n".join(f"case {m.case} step {m.step}: golden {m.golden_id} (margin "
                                 f"{m.golden_margin:.3f}) got {m.got_id}" for m in result.failures)
+
+
+def test_vl_golden_file_is_the_greedy_json_pictures():
+    doc = golden.load(golden.golden_path(VL))
+    greedy = json.loads((golden.data_dir() / "models" / VL / "greedy.json").read_text(encoding="utf-8"))
+    assert [c["seed"] for c in doc["cases"]] == [c["seed"] for c in greedy["cases"]] and len(doc["cases"]) == 10
+    assert doc["quants"] == list(golden.QUANTS) and doc["margin_threshold"]["f32"] == 0.0
+    for case, g in zip(doc["cases"], greedy["cases"]):
+        assert synthetic.draw(case["seed"])[1] == case["expected"] == g["expected"]
+        assert case["prompt_ids"] == g["prompt_ids"]
+        # the F32 golden is the engine's own greedy run; transformers' continuation is greedy.json's
+        assert case["golden"]["f32"]["ids"] == g["greedy_ids"]
+        for q in doc["quants"]:
+            assert case["golden"][q]["ids"][-1] in doc["stop_ids"]
+
+
+def test_vl_replay_checks_the_prompt_ids_of_the_redrawn_picture():
+    case = golden.load(golden.golden_path(VL))["cases"][0]
+    eng = SimpleNamespace(config=SimpleNamespace(vision=None))  # load_image's defaults: Qwen3-VL's
+    ids, image = golden.vl_prompt(eng, case)
+    assert ids == case["prompt_ids"] and list(image.grid_thw) == [1, 16, 16]
+    bad = dict(case, prompt_ids=case["prompt_ids"][:-3] + [case["prompt_ids"][-1]] * 3)
+    with pytest.raises(ValueError, match="differs from the golden prompt_ids at position"):
+        golden.vl_prompt(eng, bad)
+    with pytest.raises(ValueError, match="differs from the golden prompt_ids"):
+        golden.vl_prompt(eng, dict(case, prompt_ids=case["prompt_ids"][:-1]))
 
 
 class ScriptedEngine:

@@ -124,3 +124,18 @@ def test_a_checkpoint_saved_by_transformers_holds_the_same_weights(tmp_path, mon
             assert bytes(t.data) == bytes(fb.tensors[name].data), name
     with pytest.raises(ValueError, match="saver"):
         models.hf_checkpoint(saver="pytorch")
+
+
+def test_random_vl_model_has_layernorm_scales_near_one_and_biases_near_zero():
+    """write_model's runnable weights: every norm scale (text RMSNorms and the vision LayerNorms) is
+    about 1 and every bias about 0, so a random vision tower keeps its activations' scale."""
+    from kestrel_lab.vqf.planner import plan_file
+
+    for s in plan_file(synth.small_vl_config(), "f32").specs:
+        x = np.concatenate(list(synth.model_rows(s.name, 0, s.rows, s.cols)))
+        if synth.is_norm_weight(s.name):
+            assert abs(float(x.mean()) - 1.0) < 0.05, s.name
+        elif s.name.endswith("_b"):
+            assert abs(float(x.mean())) < 0.05 and float(x.std()) < 0.3, s.name
+    assert synth.is_norm_weight("v_norm1") and synth.is_norm_weight("v_ds_norm")
+    assert not synth.is_norm_weight("v_norm1_b") and not synth.is_norm_weight("v_merger_norm_b")

@@ -71,13 +71,19 @@ def write_random(path: str | Path, config: ModelConfig, quant: str = "q4_0", see
     return Path(path)
 
 
+def is_norm_weight(name: str) -> bool:
+    """Whether a VQF tensor is a norm's scale (RMSNorm or LayerNorm weight), not its bias."""
+    return not name.endswith("_b") and (name.endswith("_norm") or name in ("v_norm1", "v_norm2"))
+
+
 def model_rows(name: str, seed: int, rows: int, cols: int, rows_per_part: int = ROWS_PER_PART):
     """float32 rows of one tensor of a *runnable* random model, ``rows_per_part`` at a time (one
-    generator stream per tensor, seeded by ``(seed, crc32(name))``): norms 1 + N(0, 0.1²), the
-    embedding N(0, 0.25²), matrices N(0, 1/cols) — activations keep a trained model's scale.
-    Taught in day16_1."""
+    generator stream per tensor, seeded by ``(seed, crc32(name))``): norm weights 1 + N(0, 0.1²) (the
+    RMSNorms and the vision tower's LayerNorms ``v_norm1``/``v_norm2``/``v_merger_norm``/``v_ds_norm``;
+    their biases ``…_b`` stay near 0 like every bias), the embedding N(0, 0.25²), matrices N(0, 1/cols)
+    — activations keep a trained model's scale. Taught in day16_1."""
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
-    norm = name.endswith("_norm")
+    norm = is_norm_weight(name)
     scale = 0.25 if name == "token_embed" else 1.0 / np.sqrt(cols)
     for r0 in range(0, rows, rows_per_part):
         n = min(rows_per_part, rows - r0)
