@@ -120,11 +120,13 @@ def test_v16_kernels_equal_the_row_interleaved_ones(isa, matvec, matvec3, swiglu
     swiglu(nb_, sb, nb_, sb, xq, xc, xd, g, 1)
     K.matvec_swiglu_q4_r32(rb, qb, rb, qb, xq, xc, xd, gr, 1)
     assert np.array_equal(g, gr)
-    xq5, xc5, xd5 = _act(5, cols, seed=9)
-    m, mr = np.empty((5, rows), np.float32), np.empty((5, rows), np.float32)
-    matmul(na, sa, xq5, xc5, xd5, m, 2)
-    K.matmul_q4_r32(ra, qa, xq5, xc5, xd5, mr, 2)
-    assert np.array_equal(m, mr)
+    # prefill: four tokens per block load (block16x4_fma) and the T % 4 left over one by one
+    for T in (1, 3, 5, 8, 9, 64):
+        xqT, xcT, xdT = _act(T, cols, seed=9 + T)
+        m, mr = np.empty((T, rows), np.float32), np.empty((T, rows), np.float32)
+        matmul(na, sa, xqT, xcT, xdT, m, 2)
+        K.matmul_q4_r32(ra, qa, xqT, xcT, xdT, mr, 2)
+        assert np.array_equal(m, mr), T
 
 
 def test_the_engine_gives_the_same_logits_on_either_layout(monkeypatch):

@@ -163,7 +163,7 @@ class Activation:
             T, Kd = self.x.shape
             xq = np.empty((T, Kd), np.int8)
             xd = np.empty((T, Kd // K.QK), np.float32)
-            K.quantize_act(self.x, xq, xd)
+            K.quantize_rows(self.x, xq, xd)
             self._q8 = (xq, xd)
         return self._q8
 
@@ -221,7 +221,7 @@ def _swiglu(m: dict, a: "Activation") -> np.ndarray:
     fused = _fused("swiglu", a, wg, wu)
     if fused is None:
         g, u = wg(a), wu(a)
-        K.silu_mul(g, u, g)
+        K.silu_mul_rows(g, u, g)
         return g
     out = np.empty((1, wg.rows), np.float32)
     fused(wg, wu, a, out)
@@ -308,7 +308,9 @@ class Qwen3Engine:
         stacked, planes = {}, {}
         # plain Q4_0 → the row-grouped layout this host's fastest kernels read (G rows per group)
         self.q4_layout = registry.q4_load_layout()
-        G = registry.PLANE_LAYOUTS[self.q4_layout]
+        if self.q4_layout not in registry.PLANE_LAYOUTS:      # KESTREL_Q4_LAYOUT=plain: the file's bytes
+            interleave = False
+        G = registry.PLANE_LAYOUTS.get(self.q4_layout, K.QR)
         split_q4 = K.repack_q4_0_to_r32 if self.q4_layout == "Q4_0_R32" else V.repack_q4_0_to_v16
         # which matrices are copied at load (same byte count as the file's): "planes" (the host's row-grouped
         # layout), "8x8l" or None
