@@ -3,10 +3,6 @@ the XOR-shift identity on every byte, bit-exactness of all five registered varia
 ``matvec_q4_0_naive`` on any host, LLVM forming ``sdot`` from the loop for cortex-a76 (cross-compiled
 here, natively on an aarch64 board), and the host-feature detection that picks them (the qemu-user
 cpuinfo trap: an emulated A76 reads the x86 host's /proc/cpuinfo)."""
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -128,47 +124,17 @@ def test_forced_int8_dot_kernels_run_the_whole_engine(monkeypatch):
     assert np.abs(runs[True][1] - runs[False][1]).max() < 1e-4 * scale
 
 
-_IR_OF_THE_DOT = r'''
-from numba import njit, types as T
-from kestrel_lab.engine import kernels as K
-f = njit(K._dot_q4_0_signed.py_func)
-sig = (T.Array(T.uint8, 1, "C"), T.Array(T.int8, 2, "C"), T.Array(T.float32, 2, "C"),
-       T.Array(T.float32, 1, "C"), T.int64)
-f.compile(sig)
-print(f.inspect_llvm(sig))
-'''
-
-
-def _aarch64_asm(cpu: str) -> str:
-    """numba's unoptimized LLVM IR of ``_dot_q4_0_signed`` (NUMBA_OPT=0, so no x86 vectorization is
-    baked in), optimized and compiled by the same LLVM for an aarch64 ``cpu``."""
+def test_llvm_turns_the_int8_dot_into_sdot_for_the_a76():
     llvm = pytest.importorskip("llvmlite.binding")
     llvm.initialize_all_targets()
-    llvm.initialize_all_asmprinters()
-    triple = "aarch64-unknown-linux-gnu"
     try:
-        target = llvm.Target.from_triple(triple)
+        llvm.Target.from_triple("aarch64-unknown-linux-gnu")
     except RuntimeError:
         pytest.skip("this llvmlite was built without the AArch64 target")
-    env = dict(os.environ, NUMBA_OPT="0")
-    text = subprocess.run([sys.executable, "-c", _IR_OF_THE_DOT], env=env, capture_output=True, text=True,
-                          check=True).stdout
-    text = re.sub(r"^target (triple|datalayout) = .*$", "", text, flags=re.M)
-    text = re.sub(r'"target-(cpu|features)"="[^"]*"', "", text)
-    tm = target.create_target_machine(cpu=cpu, opt=3)
-    mod = llvm.parse_assembly(text)
-    mod.triple, mod.data_layout = triple, str(tm.target_data)
-    pto = llvm.create_pipeline_tuning_options(speed_level=3)
-    pto.loop_vectorization = pto.slp_vectorization = True        # as numba's own pipeline at -O3
-    pb = llvm.create_pass_builder(tm, pto)
-    pb.getModulePassManager().run(mod, pb)
-    return tm.emit_assembly(mod)
-
-
-def test_llvm_turns_the_int8_dot_into_sdot_for_the_a76():
-    a76 = K.parse_asm(_aarch64_asm("cortex-a76"), "aarch64")["packed"]
+    asm = K.cross_asm("kestrel_lab.engine.kernels:_dot_q4_0_signed", K.SDOT_SIGNATURE, ("cortex-a76", "generic"))
+    a76 = K.parse_asm(asm["cortex-a76"], "aarch64")["packed"]
     assert a76.get("sdot", 0) >= 2, a76          # one per 16 bytes: low and high nibbles
-    generic = K.parse_asm(_aarch64_asm("generic"), "aarch64")["packed"]
+    generic = K.parse_asm(asm["generic"], "aarch64")["packed"]
     assert "sdot" not in generic, generic           # an Armv8.0 CPU has no dot product
 
 

@@ -1106,3 +1106,53 @@ def asm_summary(kernel, signature: int = 0) -> dict:
     for name in ("zmm", "ymm", "xmm"):
         summary[name] = summary["registers"].get(name, 0)
     return summary
+
+
+_IR_OF = r'''
+import importlib, sys
+from numba import njit
+from numba.types import *  # noqa: F403 (the signature's type names)
+mod, name, sig = sys.argv[1], sys.argv[2], sys.argv[3]
+f = njit(getattr(importlib.import_module(mod), name).py_func)
+sig = eval(sig)
+f.compile(sig)
+print(f.inspect_llvm(sig))
+'''
+
+
+def cross_asm(func: str, signature: str, cpus=("cortex-a76",), triple: str = "aarch64-unknown-linux-gnu") -> dict:
+    """Assembly of the numba function ``func`` ("module:name") for other CPUs, e.g. the board's
+    ``cortex-a76``, as {cpu: text}: numba compiles only for the host, so its *unoptimized* LLVM IR
+    (``NUMBA_OPT=0`` in a subprocess, so no x86 vectorization is baked in) is retargeted to
+    ``triple``, optimized at -O3 with each CPU's cost model and compiled by the same LLVM.
+    ``signature``: numba types as a Python tuple, e.g. ``"(uint8[::1], int8[:, ::1])"``. The loop
+    structure is numba's own; what this cannot check is the run itself (the board tests do).
+    Taught in day07_1."""
+    import os
+    import subprocess
+    import sys
+
+    import llvmlite.binding as llvm
+
+    mod, name = func.split(":")
+    env = dict(os.environ, NUMBA_OPT="0")
+    text = subprocess.run([sys.executable, "-c", _IR_OF, mod, name, signature], env=env, capture_output=True,
+                          text=True, check=True).stdout
+    text = re.sub(r"^target (triple|datalayout) = .*$", "", text, flags=re.M)
+    text = re.sub(r'"target-(cpu|features)"="[^"]*"', "", text)
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    out = {}
+    for cpu in cpus:
+        tm = llvm.Target.from_triple(triple).create_target_machine(cpu=cpu, opt=3)
+        module = llvm.parse_assembly(text)
+        module.triple, module.data_layout = triple, str(tm.target_data)
+        pto = llvm.create_pipeline_tuning_options(speed_level=3)
+        pto.loop_vectorization = pto.slp_vectorization = True        # as numba's own pipeline at -O3
+        pb = llvm.create_pass_builder(tm, pto)
+        pb.getModulePassManager().run(module, pb)
+        out[cpu] = tm.emit_assembly(module)
+    return out
+
+
+SDOT_SIGNATURE = "(uint8[::1], int8[:, ::1], float32[:, ::1], float32[::1], int64)"   # _dot_q4_0_signed's
