@@ -363,8 +363,8 @@ def _dot_q4_0_signed(row, xq, xd, lut, t):
     (llama.cpp's ``q4_0_4x4`` stores the nibbles that way). The 32 products with the int8
     activations then sum to ``16·Σ (q − 8)·x``, at most 16·32·8·128 = 2^19 in size: it fits int32, and
     ``>> 4`` divides it by 16 exactly. A loop of int8 products summed into int32 is what LLVM turns
-    into ``sdot`` for a CPU with dotprod (cortex-a76); elsewhere it becomes ordinary packed
-    multiply-adds. The float side is ``matvec_q4_0_naive``'s, operation for operation, so the
+    into ``sdot`` for a CPU with dotprod (cortex-a76); x86 has no signed int8 dot, and there LLVM
+    leaves the loop scalar (so these kernels are registered for ``dotprod`` only). The float side is ``matvec_q4_0_naive``'s, operation for operation, so the
     results are bit-exact with it — as long as the caller is compiled **without** fastmath (LLVM
     inlines this function, and under fastmath it fuses the multiply and add). Taught in day07_1."""
     nb = xd.shape[1]

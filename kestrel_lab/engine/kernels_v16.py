@@ -18,7 +18,9 @@ correction of ``kernels.act_block_sums`` is the accumulator's start value (nibbl
 as ``vpdpbusd`` wants its first operand). The 16 rows' fp16 scales sit in a separate plane, as in
 ``Q4_0_R32``. Then one conversion, one multiply by ``d_w·d_x`` and one add per row and block — all
 in registers (``block16_fma``): a lane never leaves its register between the integer sum and the
-float accumulator.
+float accumulator. Prefill (``matmul``) goes four tokens at a time through ``block16x4_fma``: the
+block's 4 loads, ANDs and shifts are done once and its 8 nibble vectors stay in registers for the
+four tokens' 32 ``vpdpbusd`` (the ``T % 4`` tokens left over go one by one).
 
 Every kernel has a **portable** twin on the same layout (plain loops, any CPU) that computes the same
 exact integer sums; the registry picks the VNNI one where the host reports ``avx512_vnni``. The

@@ -29,8 +29,9 @@ and decode ~2.5× faster than the 16-lane kernel on the file's layout, prefill ~
 every layer matrix in that layout a decode step runs all layers in one numba call
 (``decode_layers_r32``). On a host with AVX-512 VNNI the copy is the 16-row layout of
 ``kernels_v16`` instead (``registry.q4_load_layout``: the same bytes again, multiplied with
-``vpdpbusd``; the same sums, bit for bit). ``interleave=False`` keeps the file's layout (zero copy, the 16-lane
-kernels); ``repack=True`` copies plain Q4_0 into Q4_8X8L instead. ``kestrel-lab bench`` shows all.
+``vpdpbusd``; the same sums, bit for bit). ``interleave=False`` (or ``KESTREL_Q4_LAYOUT=plain``) keeps the
+file's layout (zero copy: the 16-lane kernels, or on a ``dotprod`` CPU such as the board's A76 the int8-dot
+``sdot`` kernels); ``repack=True`` copies plain Q4_0 into Q4_8X8L instead. ``kestrel-lab bench`` shows all.
 
 Activations are float32. For F32/F16 weights the matvecs are float dot products (this is the path
 that matches PyTorch to ~1e-6); for Q8_0/Q4_0 weights each activation vector is quantized to Q8_0

@@ -19,7 +19,8 @@ call       what it computes                                                signa
 ``w`` is a ``Linear`` (``.w``, ``.rows``, ``.nib``/``.sc``), ``act`` an ``Activation`` (``.x``,
 ``.q8()``, ``.q8c()``, ``.x8x8()``). Every (layout, call) that exists has a **portable** kernel; an
 ISA-specific one (``isa="avx512_vnni"``, ``"dotprod"`` …) registers beside it and is chosen when the
-host has that feature (``host_features``). A new layout (an 8-row VNNI layout, the A76's 4×4 layout),
+host has that feature (``host_features``): ``avx512_vnni`` for ``Q4_0_V16``, ``dotprod`` (the A76's
+``sdot``) for plain ``Q4_0``. A new layout (an 8-row VNNI layout, the A76's 4×4 layout),
 a new consumer (the vision tower's matmul with bias) or an ISA-specific kernel is
 one ``@register`` away. ``qkv``/``swiglu`` fall back to separate ``one`` calls for layouts without a
 fused kernel. ``experts`` (Qwen3-MoE, ``engine.moe``): plain Q4_0 experts have a grouped kernel that reads
