@@ -120,11 +120,13 @@ def test_v16_kernels_equal_the_row_interleaved_ones(isa, matvec, matvec3, swiglu
     swiglu(nb_, sb, nb_, sb, xq, xc, xd, g, 1)
     K.matvec_swiglu_q4_r32(rb, qb, rb, qb, xq, xc, xd, gr, 1)
     assert np.array_equal(g, gr)
-    xq5, xc5, xd5 = _act(5, cols, seed=9)
-    m, mr = np.empty((5, rows), np.float32), np.empty((5, rows), np.float32)
-    matmul(na, sa, xq5, xc5, xd5, m, 2)
-    K.matmul_q4_r32(ra, qa, xq5, xc5, xd5, mr, 2)
-    assert np.array_equal(m, mr)
+    # prefill: four tokens per block load (block16x4_fma) and the T % 4 left over one by one
+    for T in (1, 3, 5, 8, 9, 64):
+        xqT, xcT, xdT = _act(T, cols, seed=9 + T)
+        m, mr = np.empty((T, rows), np.float32), np.empty((T, rows), np.float32)
+        matmul(na, sa, xqT, xcT, xdT, m, 2)
+        K.matmul_q4_r32(ra, qa, xqT, xcT, xdT, mr, 2)
+        assert np.array_equal(m, mr), T
 
 
 def test_the_engine_gives_the_same_logits_on_either_layout(monkeypatch):
@@ -141,3 +143,30 @@ def test_the_engine_gives_the_same_logits_on_either_layout(monkeypatch):
         runs[forced] = (eng.q4_layout, np.stack([first, *steps]))
     assert runs["r32"][0] == "Q4_0_R32" and runs["v16"][0] == "Q4_0_V16"
     assert np.array_equal(runs["r32"][1], runs["v16"][1])
+
+
+_COMPILE_VNNI = r'''
+from numba import njit, types as T
+from kestrel_lab.engine import kernels as K, kernels_v16 as V
+a2 = lambda dt: T.Array(dt, 2, "C")
+sig = (a2(T.uint8), a2(T.uint16), a2(T.int8), a2(T.int16), a2(T.float32), a2(T.float32), T.int64)
+f = njit(parallel=True, fastmath=True)(V.matmul_q4_v16_vnni.py_func)
+f.compile(sig)
+print(K.parse_asm(f.inspect_asm(sig), "x86_64")["packed"].get("vpdpbusd", 0))
+'''
+AVX512_VNNI_CPU = {"NUMBA_CPU_NAME": "icelake-server",
+                   "NUMBA_CPU_FEATURES": "+avx512f,+avx512bw,+avx512dq,+avx512vl,+avx512cd,+avx512vnni,+avx2,+avx,"
+                                         "+fma,+f16c,+bmi,+bmi2,+popcnt,+sse4.2,+lzcnt,+movbe"}
+
+
+@pytest.mark.skipif(K.host_isa() != "x86_64", reason="the VNNI kernels are x86 code")
+def test_the_vnni_prefill_kernel_compiles_to_vpdpbusd_for_an_avx512_vnni_cpu(tmp_path):
+    """Where the host cannot run VNNI, still compile (never run) the prefill kernel for an AVX-512 VNNI
+    CPU: 8 ``vpdpbusd`` per token and block, 4 tokens in ``block16x4_fma`` + 1 for the remainder."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), **AVX512_VNNI_CPU)
+    n = subprocess.run([sys.executable, "-c", _COMPILE_VNNI], env=env, capture_output=True, text=True, check=True)
+    assert int(n.stdout.split()[-1]) >= 40, n.stdout

@@ -129,32 +129,58 @@ def silu(g):
 
 
 # ================================================================================ activations
+@njit(cache=True, inline="always")
+def _quantize_row(x, xq, xd, t):
+    """Row ``t`` of ``quantize_act``: the body both the serial and the row-parallel kernel run."""
+    nb = x.shape[1] // QK
+    for b in range(nb):
+        amax = np.float32(0.0)
+        for j in range(QK):
+            a = abs(x[t, b * QK + j])
+            if a > amax:
+                amax = a
+        d = amax / np.float32(127.0)
+        inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+        xd[t, b] = f16_round(d)
+        for j in range(QK):
+            v = x[t, b * QK + j] * inv
+            # C's roundf: floor(|v| + 0.5) would round 0.49999997 up (the f32 sum is 1.0)
+            a = abs(v)
+            w = math.floor(a)
+            r = w + math.floor(np.float32(2.0) * (a - w))
+            xq[t, b * QK + j] = -r if v < 0 else r
+
+
 @njit(cache=True)
 def quantize_act(x, xq, xd):
     """Quantize rows of activations to Q8_0: ``x`` (T, K) float32 → ``xq`` (T, K) int8, ``xd`` (T, K/32).
 
     Same arithmetic as ``kestrel_lab.quant.quantize_q8_0`` (float32, ``id = 1/d`` from the unrounded
-    scale, round half away from zero), the stored scale rounded to fp16. Taught in day05_3.
+    scale, round half away from zero), the stored scale rounded to fp16. Serial: a decode step's one
+    row is too little work for a parallel region (``quantize_rows`` picks). Taught in day05_3.
     """
-    T, K = x.shape
-    nb = K // QK
-    for t in range(T):
-        for b in range(nb):
-            amax = np.float32(0.0)
-            for j in range(QK):
-                a = abs(x[t, b * QK + j])
-                if a > amax:
-                    amax = a
-            d = amax / np.float32(127.0)
-            inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
-            xd[t, b] = f16_round(d)
-            for j in range(QK):
-                v = x[t, b * QK + j] * inv
-                # C's roundf: floor(|v| + 0.5) would round 0.49999997 up (the f32 sum is 1.0)
-                a = abs(v)
-                w = math.floor(a)
-                r = w + math.floor(np.float32(2.0) * (a - w))
-                xq[t, b * QK + j] = -r if v < 0 else r
+    for t in range(x.shape[0]):
+        _quantize_row(x, xq, xd, t)
+
+
+@njit(parallel=True, cache=True)
+def quantize_act_par(x, xq, xd):
+    """``quantize_act`` with the rows spread over the numba threads (a prefill's T rows): rows are
+    independent, so the result is the serial one bit for bit. Taught in day23_2."""
+    for t in prange(x.shape[0]):
+        _quantize_row(x, xq, xd, t)
+
+
+PAR_MIN_ROWS = 4    # fewer rows than this: a parallel region's hand-off costs more than it saves
+
+
+def quantize_rows(x, xq, xd):
+    """``quantize_act`` or, for ≥ ``PAR_MIN_ROWS`` rows and more than one thread, ``quantize_act_par``
+    (measured: +8 % prefill at 2 threads when the row ops stopped running on one core)."""
+    if x.shape[0] >= PAR_MIN_ROWS and numba.get_num_threads() > 1:
+        quantize_act_par(x, xq, xd)
+    else:
+        quantize_act(x, xq, xd)
 
 
 @njit(cache=True)
@@ -311,51 +337,6 @@ def matvec_q8_0(w, wi, xq, xd, lut, out, nchunk):
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def matvec_q4_0(w, xq, xd, lut, out, nchunk):
-    """out = W @ x, W in plain Q4_0 (rows, K/32·18 bytes), 16 float lanes per row (any row count).
-
-    Taught in day05_2.
-    """
-    rows = w.shape[0]
-    step = (rows + nchunk - 1) // nchunk
-    for c in prange(nchunk):
-        F = np.empty(16, np.float32)
-        for r in range(c * step, min(rows, c * step + step)):
-            out[r] = _dot_q4_0_lanes(w[r], xq, xd, lut, 0, F)
-
-
-@njit(parallel=True, fastmath=True, cache=True)
-def matvec3_q4_0(wa, wb, wc, xq, xd, lut, oa, ob, oc, nchunk):
-    """Three plain-Q4_0 matvecs on the same activation in one parallel region (Q, K, V of a layer):
-    decode runs ~200 parallel regions per token and each costs a thread hand-off. Taught in day07_3."""
-    na, nb_, nc = oa.shape[0], ob.shape[0], oc.shape[0]
-    n = na + nb_ + nc
-    step = (n + nchunk - 1) // nchunk
-    for c in prange(nchunk):
-        F = np.empty(16, np.float32)
-        for r in range(c * step, min(n, c * step + step)):
-            if r < na:
-                oa[r] = _dot_q4_0_lanes(wa[r], xq, xd, lut, 0, F)
-            elif r < na + nb_:
-                ob[r - na] = _dot_q4_0_lanes(wb[r - na], xq, xd, lut, 0, F)
-            else:
-                oc[r - na - nb_] = _dot_q4_0_lanes(wc[r - na - nb_], xq, xd, lut, 0, F)
-
-
-@njit(parallel=True, fastmath=True, cache=True)
-def matvec_swiglu_q4_0(wg, wu, xq, xd, lut, out, nchunk):
-    """``out = silu(Wg x) · (Wu x)`` for one token, plain Q4_0 gate and up in one pass. Taught in day08_2."""
-    rows = out.shape[0]
-    step = (rows + nchunk - 1) // nchunk
-    for c in prange(nchunk):
-        F = np.empty(16, np.float32)
-        for r in range(c * step, min(rows, c * step + step)):
-            a = _dot_q4_0_lanes(wg[r], xq, xd, lut, 0, F)
-            u = _dot_q4_0_lanes(wu[r], xq, xd, lut, 0, F)
-            out[r] = silu(a) * u
-
-
-@njit(parallel=True, fastmath=True, cache=True)
 def matmul_rows_q8_0(w, wi, xq, xd, lut, out, nchunk):
     """out[t] = W @ x[t] for T tokens, W in Q8_0: each row stays in cache while all T tokens use it.
 
@@ -371,65 +352,176 @@ def matmul_rows_q8_0(w, wi, xq, xd, lut, out, nchunk):
                 out[t, r] = _dot_q8_0_lanes(w[r], wi[r], xq, xd, lut, t, F)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
-def matmul_rows_q4_0(w, xq, xd, lut, out, nchunk):
-    """out[t] = W @ x[t] for T tokens, W in plain Q4_0, row by row: the row stays in L1 while every
-    token's 16-lane dot (``_dot_q4_0_lanes``) reads it. Taught in day23_2."""
-    rows = w.shape[0]
-    T = xq.shape[0]
-    step = (rows + nchunk - 1) // nchunk
-    for c in prange(nchunk):
-        F = np.empty(16, np.float32)
-        for r in range(c * step, min(rows, c * step + step)):
-            for t in range(T):
-                out[t, r] = _dot_q4_0_lanes(w[r], xq, xd, lut, t, F)
+@njit(cache=True)
+def _dot_q4_0_signed(row, xq, xd, lut, t):
+    """One plain Q4_0 row · one Q8_0 activation row as **int8 × int8** dots (the A76's ``sdot``),
+    read from the file's own bytes: no repacking, no copy.
+
+    ``b ^ 0x88`` flips bit 3 and bit 7 of a byte, so each nibble ``q`` becomes ``q ^ 8``, which read
+    as a 4-bit two's-complement number *is* ``q − 8``. Shifted to the top of a byte it is an int8
+    multiple of 16: ``int8((b^0x88) << 4) = 16·(q_lo − 8)`` and ``int8((b^0x88) & 0xF0) = 16·(q_hi − 8)``
+    (llama.cpp's ``q4_0_4x4`` stores the nibbles that way). The 32 products with the int8
+    activations then sum to ``16·Σ (q − 8)·x``, at most 16·32·8·128 = 2^19 in size: it fits int32, and
+    ``>> 4`` divides it by 16 exactly. A loop of int8 products summed into int32 is what LLVM turns
+    into ``sdot`` for a CPU with dotprod (cortex-a76); x86 has no signed int8 dot, and there LLVM
+    leaves the loop scalar (so these kernels are registered for ``dotprod`` only). The float side is ``matvec_q4_0_naive``'s, operation for operation, so the
+    results are bit-exact with it — as long as the caller is compiled **without** fastmath (LLVM
+    inlines this function, and under fastmath it fuses the multiply and add). Taught in day07_1."""
+    nb = xd.shape[1]
+    acc = np.float32(0.0)
+    for b in range(nb):
+        o = b * Q4_BYTES
+        d = lut[np.int32(row[o]) | (np.int32(row[o + 1]) << 8)] * xd[t, b]
+        q = row[o + 2:o + Q4_BYTES]        # indices from a slice start: contiguous loads, no wrap-around
+        x = xq[t, b * QK:(b + 1) * QK]
+        isum = np.int32(0)
+        for j in range(16):       # numba widens int32 products to int64: truncate, so LLVM sees int32 sums
+            v = np.int32(q[j] ^ np.uint8(0x88))
+            lo = np.int32(np.int8(np.uint8((v << 4) & 0xFF)))
+            hi = np.int32(np.int8(np.uint8(v & 0xF0)))
+            isum = np.int32(isum + np.int32(lo * np.int32(x[j])) + np.int32(hi * np.int32(x[16 + j])))
+        acc += np.float32(isum >> 4) * d
+    return acc
 
 
-# ================================================================================ MoE experts
-@njit(parallel=True, fastmath=True, cache=True)
-def experts_swiglu_q4_0(wg, wu, ex, start, tok, xq, xd, lut, out, nchunk):
-    """The gate/up half of an MoE layer, on the file's plain Q4_0 expert stacks read in place.
+def _make_q4_0_kernels(signed: bool):
+    """matvec / three matvecs / SwiGLU / matmul / the MoE expert halves on **plain** Q4_0, with the
+    16-lane dot (``_dot_q4_0_lanes``, int16, fastmath) or the int8 dot (``_dot_q4_0_signed``, the
+    A76's ``sdot``, no fastmath so that it stays bit-exact with ``matvec_q4_0_naive``).
 
-    ``wg``, ``wu``: one layer's (experts, m, m·18/32…) views of ``q4_gate_exps`` / ``q4_up_exps``;
-    the (token, slot) pairs routed to active expert ``ex[a]`` are ``start[a]..start[a+1]``, pair ``p``
-    reading token ``tok[p]`` of the Q8_0 activations. ``out[p] = silu(Wg[e] x) · (Wu[e] x)``. Work
-    items are (active expert, chunk of its rows), so an expert's rows are read once for all its tokens
-    (llama.cpp's ``mul_mat_id``), and experts nobody chose are never touched. Taught in day22_2."""
-    n_act = ex.shape[0]
-    m = wg.shape[1]
-    step = (m + nchunk - 1) // nchunk
-    for w in prange(n_act * nchunk):
-        a = w // nchunk
-        c = w - a * nchunk
-        e = ex[a]
-        F = np.empty(16, np.float32)
-        for r in range(c * step, min(m, c * step + step)):
-            rg = wg[e, r]
-            ru = wu[e, r]
-            for p in range(start[a], start[a + 1]):
-                t = tok[p]
-                g = _dot_q4_0_lanes(rg, xq, xd, lut, t, F)
-                u = _dot_q4_0_lanes(ru, xq, xd, lut, t, F)
-                out[p, r] = silu(g) * u
+    One body, two compiled variants (as ``kernels_v16._make_kernels``): numba freezes ``signed`` and
+    prunes the branch not taken before typing; the closure holds only a bool, which keeps numba's
+    on-disk cache key stable."""
+
+    jit = njit(parallel=True, fastmath=not signed, cache=True)
+
+    @jit
+    def matvec_q4_0(w, xq, xd, lut, out, nchunk):
+        """out = W @ x, W in plain Q4_0 (rows, K/32·18 bytes), one dot per row (any row count).
+
+        Taught in day05_2."""
+        rows = w.shape[0]
+        step = (rows + nchunk - 1) // nchunk
+        for c in prange(nchunk):
+            F = np.empty(16, np.float32)
+            for r in range(c * step, min(rows, c * step + step)):
+                if signed:
+                    out[r] = _dot_q4_0_signed(w[r], xq, xd, lut, 0)
+                else:
+                    out[r] = _dot_q4_0_lanes(w[r], xq, xd, lut, 0, F)
+
+    @jit
+    def matvec3_q4_0(wa, wb, wc, xq, xd, lut, oa, ob, oc, nchunk):
+        """Three plain-Q4_0 matvecs on the same activation in one parallel region (Q, K, V of a layer):
+        decode runs ~200 parallel regions per token and each costs a thread hand-off. Taught in day07_3."""
+        na, nb_, nc = oa.shape[0], ob.shape[0], oc.shape[0]
+        n = na + nb_ + nc
+        step = (n + nchunk - 1) // nchunk
+        for c in prange(nchunk):
+            F = np.empty(16, np.float32)
+            for r in range(c * step, min(n, c * step + step)):
+                if r < na:
+                    w, o, i = wa, oa, r
+                elif r < na + nb_:
+                    w, o, i = wb, ob, r - na
+                else:
+                    w, o, i = wc, oc, r - na - nb_
+                if signed:
+                    o[i] = _dot_q4_0_signed(w[i], xq, xd, lut, 0)
+                else:
+                    o[i] = _dot_q4_0_lanes(w[i], xq, xd, lut, 0, F)
+
+    @jit
+    def matvec_swiglu_q4_0(wg, wu, xq, xd, lut, out, nchunk):
+        """``out = silu(Wg x) · (Wu x)`` for one token, plain Q4_0 gate and up in one pass. Taught in day08_2."""
+        rows = out.shape[0]
+        step = (rows + nchunk - 1) // nchunk
+        for c in prange(nchunk):
+            F = np.empty(16, np.float32)
+            for r in range(c * step, min(rows, c * step + step)):
+                if signed:
+                    a = _dot_q4_0_signed(wg[r], xq, xd, lut, 0)
+                    u = _dot_q4_0_signed(wu[r], xq, xd, lut, 0)
+                else:
+                    a = _dot_q4_0_lanes(wg[r], xq, xd, lut, 0, F)
+                    u = _dot_q4_0_lanes(wu[r], xq, xd, lut, 0, F)
+                out[r] = silu(a) * u
+
+    @jit
+    def matmul_rows_q4_0(w, xq, xd, lut, out, nchunk):
+        """out[t] = W @ x[t] for T tokens, W in plain Q4_0, row by row: the row stays in L1 while every
+        token's dot reads it. Taught in day23_2."""
+        rows = w.shape[0]
+        T = xq.shape[0]
+        step = (rows + nchunk - 1) // nchunk
+        for c in prange(nchunk):
+            F = np.empty(16, np.float32)
+            for r in range(c * step, min(rows, c * step + step)):
+                for t in range(T):
+                    if signed:
+                        out[t, r] = _dot_q4_0_signed(w[r], xq, xd, lut, t)
+                    else:
+                        out[t, r] = _dot_q4_0_lanes(w[r], xq, xd, lut, t, F)
+
+    @jit
+    def experts_swiglu_q4_0(wg, wu, ex, start, tok, xq, xd, lut, out, nchunk):
+        """The gate/up half of an MoE layer, on the file's plain Q4_0 expert stacks read in place.
+
+        ``wg``, ``wu``: one layer's (experts, m, m·18/32…) views of ``q4_gate_exps`` / ``q4_up_exps``;
+        the (token, slot) pairs routed to active expert ``ex[a]`` are ``start[a]..start[a+1]``, pair ``p``
+        reading token ``tok[p]`` of the Q8_0 activations. ``out[p] = silu(Wg[e] x) · (Wu[e] x)``. Work
+        items are (active expert, chunk of its rows), so an expert's rows are read once for all its tokens
+        (llama.cpp's ``mul_mat_id``), and experts nobody chose are never touched. Taught in day22_2."""
+        n_act = ex.shape[0]
+        m = wg.shape[1]
+        step = (m + nchunk - 1) // nchunk
+        for w in prange(n_act * nchunk):
+            a = w // nchunk
+            c = w - a * nchunk
+            e = ex[a]
+            F = np.empty(16, np.float32)
+            for r in range(c * step, min(m, c * step + step)):
+                rg = wg[e, r]
+                ru = wu[e, r]
+                for p in range(start[a], start[a + 1]):
+                    t = tok[p]
+                    if signed:
+                        g = _dot_q4_0_signed(rg, xq, xd, lut, t)
+                        u = _dot_q4_0_signed(ru, xq, xd, lut, t)
+                    else:
+                        g = _dot_q4_0_lanes(rg, xq, xd, lut, t, F)
+                        u = _dot_q4_0_lanes(ru, xq, xd, lut, t, F)
+                    out[p, r] = silu(g) * u
+
+    @jit
+    def experts_down_q4_0(wd, ex, start, gq, gd, lut, out, nchunk):
+        """The down half of an MoE layer: ``out[p] = Wd[e] g[p]`` for each pair ``p`` of active expert
+        ``ex[a]``, ``wd`` one layer's (experts, hidden, …) view of ``q4_down_exps`` in place, ``g`` the
+        pairs' SwiGLU outputs as Q8_0 (one row per pair). Taught in day22_2."""
+        n_act = ex.shape[0]
+        h = wd.shape[1]
+        step = (h + nchunk - 1) // nchunk
+        for w in prange(n_act * nchunk):
+            a = w // nchunk
+            c = w - a * nchunk
+            e = ex[a]
+            F = np.empty(16, np.float32)
+            for r in range(c * step, min(h, c * step + step)):
+                rd = wd[e, r]
+                for p in range(start[a], start[a + 1]):
+                    if signed:
+                        out[p, r] = _dot_q4_0_signed(rd, gq, gd, lut, p)
+                    else:
+                        out[p, r] = _dot_q4_0_lanes(rd, gq, gd, lut, p, F)
+
+    return (matvec_q4_0, matvec3_q4_0, matvec_swiglu_q4_0, matmul_rows_q4_0, experts_swiglu_q4_0,
+            experts_down_q4_0)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
-def experts_down_q4_0(wd, ex, start, gq, gd, lut, out, nchunk):
-    """The down half of an MoE layer: ``out[p] = Wd[e] g[p]`` for each pair ``p`` of active expert
-    ``ex[a]``, ``wd`` one layer's (experts, hidden, …) view of ``q4_down_exps`` in place, ``g`` the
-    pairs' SwiGLU outputs as Q8_0 (one row per pair). Taught in day22_2."""
-    n_act = ex.shape[0]
-    h = wd.shape[1]
-    step = (h + nchunk - 1) // nchunk
-    for w in prange(n_act * nchunk):
-        a = w // nchunk
-        c = w - a * nchunk
-        e = ex[a]
-        F = np.empty(16, np.float32)
-        for r in range(c * step, min(h, c * step + step)):
-            rd = wd[e, r]
-            for p in range(start[a], start[a + 1]):
-                out[p, r] = _dot_q4_0_lanes(rd, gq, gd, lut, p, F)
+(matvec_q4_0, matvec3_q4_0, matvec_swiglu_q4_0, matmul_rows_q4_0, experts_swiglu_q4_0,
+ experts_down_q4_0) = _make_q4_0_kernels(False)
+(matvec_q4_0_sdot, matvec3_q4_0_sdot, matvec_swiglu_q4_0_sdot, matmul_rows_q4_0_sdot, experts_swiglu_q4_0_sdot,
+ experts_down_q4_0_sdot) = _make_q4_0_kernels(True)
 
 
 @njit(cache=True)
@@ -865,13 +957,32 @@ def rmsnorm_heads(x, w, eps):
                 x[t, h, i] = (x[t, h, i] * inv) * w[i]
 
 
+@njit(fastmath=True, cache=True, inline="always")
+def _silu_mul_row(gate, up, out, t):
+    for i in range(gate.shape[1]):
+        out[t, i] = silu(gate[t, i]) * up[t, i]
+
+
 @njit(fastmath=True, cache=True)
 def silu_mul(gate, up, out):
     """SwiGLU's middle: ``silu(gate) · up`` with ``silu(g) = g / (1 + e^-g)``. Taught in day08_2."""
-    T, D = gate.shape
-    for t in range(T):
-        for i in range(D):
-            out[t, i] = silu(gate[t, i]) * up[t, i]
+    for t in range(gate.shape[0]):
+        _silu_mul_row(gate, up, out, t)
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def silu_mul_par(gate, up, out):
+    """``silu_mul`` with the rows spread over the numba threads: the same float32 bits."""
+    for t in prange(gate.shape[0]):
+        _silu_mul_row(gate, up, out, t)
+
+
+def silu_mul_rows(gate, up, out):
+    """``silu_mul``, or ``silu_mul_par`` for ≥ ``PAR_MIN_ROWS`` rows on more than one thread."""
+    if gate.shape[0] >= PAR_MIN_ROWS and numba.get_num_threads() > 1:
+        silu_mul_par(gate, up, out)
+    else:
+        silu_mul(gate, up, out)
 
 
 @njit(cache=True)
@@ -995,3 +1106,53 @@ def asm_summary(kernel, signature: int = 0) -> dict:
     for name in ("zmm", "ymm", "xmm"):
         summary[name] = summary["registers"].get(name, 0)
     return summary
+
+
+_IR_OF = r'''
+import importlib, sys
+from numba import njit
+from numba.types import *  # noqa: F403 (the signature's type names)
+mod, name, sig = sys.argv[1], sys.argv[2], sys.argv[3]
+f = njit(getattr(importlib.import_module(mod), name).py_func)
+sig = eval(sig)
+f.compile(sig)
+print(f.inspect_llvm(sig))
+'''
+
+
+def cross_asm(func: str, signature: str, cpus=("cortex-a76",), triple: str = "aarch64-unknown-linux-gnu") -> dict:
+    """Assembly of the numba function ``func`` ("module:name") for other CPUs, e.g. the board's
+    ``cortex-a76``, as {cpu: text}: numba compiles only for the host, so its *unoptimized* LLVM IR
+    (``NUMBA_OPT=0`` in a subprocess, so no x86 vectorization is baked in) is retargeted to
+    ``triple``, optimized at -O3 with each CPU's cost model and compiled by the same LLVM.
+    ``signature``: numba types as a Python tuple, e.g. ``"(uint8[::1], int8[:, ::1])"``. The loop
+    structure is numba's own; what this cannot check is the run itself (the board tests do).
+    Taught in day07_1."""
+    import os
+    import subprocess
+    import sys
+
+    import llvmlite.binding as llvm
+
+    mod, name = func.split(":")
+    env = dict(os.environ, NUMBA_OPT="0")
+    text = subprocess.run([sys.executable, "-c", _IR_OF, mod, name, signature], env=env, capture_output=True,
+                          text=True, check=True).stdout
+    text = re.sub(r"^target (triple|datalayout) = .*$", "", text, flags=re.M)
+    text = re.sub(r'"target-(cpu|features)"="[^"]*"', "", text)
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    out = {}
+    for cpu in cpus:
+        tm = llvm.Target.from_triple(triple).create_target_machine(cpu=cpu, opt=3)
+        module = llvm.parse_assembly(text)
+        module.triple, module.data_layout = triple, str(tm.target_data)
+        pto = llvm.create_pipeline_tuning_options(speed_level=3)
+        pto.loop_vectorization = pto.slp_vectorization = True        # as numba's own pipeline at -O3
+        pb = llvm.create_pass_builder(tm, pto)
+        pb.getModulePassManager().run(module, pb)
+        out[cpu] = tm.emit_assembly(module)
+    return out
+
+
+SDOT_SIGNATURE = "(uint8[::1], int8[:, ::1], float32[:, ::1], float32[::1], int64)"   # _dot_q4_0_signed's

@@ -18,7 +18,9 @@ correction of ``kernels.act_block_sums`` is the accumulator's start value (nibbl
 as ``vpdpbusd`` wants its first operand). The 16 rows' fp16 scales sit in a separate plane, as in
 ``Q4_0_R32``. Then one conversion, one multiply by ``d_w·d_x`` and one add per row and block — all
 in registers (``block16_fma``): a lane never leaves its register between the integer sum and the
-float accumulator.
+float accumulator. Prefill (``matmul``) goes four tokens at a time through ``block16x4_fma``: the
+block's 4 loads, ANDs and shifts are done once and its 8 nibble vectors stay in registers for the
+four tokens' 32 ``vpdpbusd`` (the ``T % 4`` tokens left over go one by one).
 
 Every kernel has a **portable** twin on the same layout (plain loops, any CPU) that computes the same
 exact integer sums; the registry picks the VNNI one where the host reports ``avx512_vnni``. The
@@ -138,6 +140,64 @@ def block16_fma(typingctx, w, wo, x, xo, c, s, so, dx, F):
     return types.void(w, wo, x, xo, c, s, so, dx, F), codegen
 
 
+@intrinsic
+def block16x4_fma(typingctx, w, wo, x, xo, xs, xc, co, cs, s, so, xd, F, fo):
+    """``block16_fma`` for **four tokens** at once: the group's block is loaded and split into its 8
+    nibble vectors once (4 loads, 4 ANDs, 4 shifts), then stays in registers while each of the four
+    tokens spends its 8 ``vpdpbusd`` on it. Per-token ``block16_fma`` repeats the loads and the split
+    for every token, so a prefill matmul spent a third of its instructions unpacking the same bytes.
+
+    Token ``i`` (0…3) reads its 8 activation words at ``x[xo + i·xs]``, its ``−8·Σx`` at
+    ``xc[co + i·cs]`` (int16), its scale at ``xd[co + i·cs]`` (float32, multiplied by 2^112 here) and
+    accumulates into ``F[fo + 16·i : fo + 16·i + 16]``. The float operations per token are
+    ``block16_fma``'s, in the same order, so the results are the same float32 bits."""
+    if not (_is(w, types.uint8) and _is(x, types.int32) and _is(xc, types.int16) and _is(s, types.float32)
+            and _is(xd, types.float32) and _is(F, types.float32)
+            and all(isinstance(a, types.Integer) for a in (wo, xo, xs, co, cs, so, fo))):
+        return None
+
+    def codegen(context, builder, sig, args):
+        wa, wo_, xa, xo_, xs_, ca, co_, cs_, sa, so_, da, Fa, fo_ = args
+        ptr = [context.make_array(t)(context, builder, a).data
+               for t, a in zip(sig.args, args) if isinstance(t, types.Array)]
+        wptr, xptr, cptr, sptr, dptr, fptr = ptr
+        dpbusd = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_V16I32, [_V16I32, _V16I32, _V16I32]), "llvm.x86.avx512.vpdpbusd.512")
+
+        def splat(v, vt):
+            t = builder.insert_element(ir.Constant(vt, ir.Undefined), v, ir.Constant(_I32, 0))
+            return builder.shuffle_vector(t, ir.Constant(vt, ir.Undefined), _LANES0)
+
+        i64 = ir.IntType(64)
+
+        def nth(base, i, stride):          # base + i·stride as an i64 index
+            return builder.add(builder.sext(base, i64), builder.mul(ir.Constant(i64, i), stride))
+
+        low, four = ir.Constant(_V64I8, [0x0F] * 64), ir.Constant(_V64I8, [4] * 64)
+        q = [None] * 8                    # the block's nibbles: word k (low) and k + 4 (high) of 16 rows
+        for k in range(4):
+            p = builder.gep(wptr, [builder.add(wo_, ir.Constant(wo_.type, 64 * k))])
+            v = builder.load(builder.bitcast(p, _V64I8.as_pointer()), align=1)
+            q[k] = builder.bitcast(builder.and_(v, low), _V16I32)
+            q[k + 4] = builder.bitcast(builder.lshr(v, four), _V16I32)
+        scale = builder.load(builder.bitcast(builder.gep(sptr, [so_]), _V16F.as_pointer()), align=4)
+        xs64, cs64 = builder.sext(xs_, i64), builder.sext(cs_, i64)
+        for i in range(4):
+            c = builder.sext(builder.load(builder.gep(cptr, [nth(co_, i, cs64)])), _I32)
+            dx = builder.fmul(builder.load(builder.gep(dptr, [nth(co_, i, cs64)])),
+                              ir.Constant(_F32, float(K.F16_SCALE)))
+            acc = splat(c, _V16I32)
+            xo_i = nth(xo_, i, xs64)
+            for word in range(8):
+                xw = builder.load(builder.gep(xptr, [builder.add(xo_i, ir.Constant(i64, word))]), align=4)
+                acc = builder.call(dpbusd, [acc, q[word], splat(xw, _V16I32)])
+            fp = builder.bitcast(builder.gep(fptr, [nth(fo_, i, ir.Constant(i64, QV))]), _V16F.as_pointer())
+            prod = builder.fmul(builder.sitofp(acc, _V16F), builder.fmul(scale, splat(dx, _V16F)))
+            builder.store(builder.fadd(builder.load(fp, align=4), prod), fp, align=4)
+        return context.get_dummy_value()
+    return types.void(*(w, wo, x, xo, xs, xc, co, cs, s, so, xd, F, fo)), codegen
+
+
 @njit(cache=True)
 def block16_sums_vnni(w, wo, x, xo, c, out):
     """``block16_sums`` callable from Python (an intrinsic is usable only inside compiled code).
@@ -178,6 +238,28 @@ def block16_fma_portable(w, wo, xw, xo, c, s, so, dx, F):
                 v = np.int32(w[wo + 64 * k + 4 * r + i])
                 acc += (v & 15) * _byte(lo, i) + (v >> 4) * _byte(hi, i)
         F[r] += np.float32(acc) * (s[so + r] * dx)
+
+
+@njit(fastmath=True, cache=True, inline="always")
+def block16x4_fma_portable(w, wo, xw, xo, xs, xc, co, cs, s, so, xd, F, fo):
+    """``block16x4_fma`` in plain loops (any CPU): a row's byte is split once for the four tokens."""
+    for r in range(QV):
+        a0 = np.int32(xc[co])
+        a1 = np.int32(xc[co + cs])
+        a2 = np.int32(xc[co + 2 * cs])
+        a3 = np.int32(xc[co + 3 * cs])
+        for k in range(4):
+            for i in range(4):
+                v = np.int32(w[wo + 64 * k + 4 * r + i])
+                lo, hi = v & 15, v >> 4
+                a0 += lo * _byte(xw[xo + k], i) + hi * _byte(xw[xo + 4 + k], i)
+                a1 += lo * _byte(xw[xo + xs + k], i) + hi * _byte(xw[xo + xs + 4 + k], i)
+                a2 += lo * _byte(xw[xo + 2 * xs + k], i) + hi * _byte(xw[xo + 2 * xs + 4 + k], i)
+                a3 += lo * _byte(xw[xo + 3 * xs + k], i) + hi * _byte(xw[xo + 3 * xs + 4 + k], i)
+        F[fo + r] += np.float32(a0) * (s[so + r] * (xd[co] * K.F16_SCALE))
+        F[fo + QV + r] += np.float32(a1) * (s[so + r] * (xd[co + cs] * K.F16_SCALE))
+        F[fo + 2 * QV + r] += np.float32(a2) * (s[so + r] * (xd[co + 2 * cs] * K.F16_SCALE))
+        F[fo + 3 * QV + r] += np.float32(a3) * (s[so + r] * (xd[co + 3 * cs] * K.F16_SCALE))
 
 
 @njit(cache=True, inline="always")
@@ -283,14 +365,19 @@ def _make_kernels(vnni: bool):
 
     @njit(parallel=True, fastmath=True, cache=True)
     def matmul(nib, sc, xq, xc, xd, out, nchunk):
+        """Prefill: T tokens × one group's 16 rows per work item. Tokens go four at a time through
+        ``block16x4_fma`` (the block split once, kept in registers); the last ``T % 4`` one by one."""
         T = xq.shape[0]
         nb = xd.shape[1]
         ng = nib.shape[0]
         step = (ng + nchunk - 1) // nchunk
         xw = xq.reshape(-1).view(np.int32)
+        xcf = xc.reshape(-1)
+        xdf = xd.reshape(-1)
         wpt = xq.shape[1] // 4              # int32 words per token
+        T4 = T - T % 4
         for c in prange(nchunk):
-            F = np.empty((T, QV), np.float32)
+            F = np.empty(T * QV, np.float32)
             Si = np.empty(sc.shape[1], np.int32)
             Sf = Si.view(np.float32)
             for g in range(c * step, min(ng, c * step + step)):
@@ -298,15 +385,23 @@ def _make_kernels(vnni: bool):
                 gn = nib[g]
                 _scales(sc[g], Si)
                 for b in range(nb):
-                    for t in range(T):     # the group's 256-byte block stays in L1 for every token
+                    for t in range(0, T4, 4):     # the group's 256-byte block serves four tokens per load
+                        if vnni:
+                            block16x4_fma(gn, b * BLOCK_BYTES, xw, t * wpt + b * 8, wpt, xcf, t * nb + b, nb,
+                                          Sf, b * QV, xdf, F, t * QV)
+                        else:
+                            block16x4_fma_portable(gn, b * BLOCK_BYTES, xw, t * wpt + b * 8, wpt, xcf, t * nb + b,
+                                                   nb, Sf, b * QV, xdf, F, t * QV)
+                    for t in range(T4, T):
+                        Ft = F[t * QV:(t + 1) * QV]
                         if vnni:
                             block16_fma(gn, b * BLOCK_BYTES, xw, t * wpt + b * 8, np.int32(xc[t, b]), Sf,
-                                        b * QV, xd[t, b] * K.F16_SCALE, F[t])
+                                        b * QV, xd[t, b] * K.F16_SCALE, Ft)
                         else:
                             block16_fma_portable(gn, b * BLOCK_BYTES, xw, t * wpt + b * 8, np.int32(xc[t, b]),
-                                                 Sf, b * QV, xd[t, b] * K.F16_SCALE, F[t])
+                                                 Sf, b * QV, xd[t, b] * K.F16_SCALE, Ft)
                 for t in range(T):
-                    out[t, g * QV:(g + 1) * QV] = F[t]
+                    out[t, g * QV:(g + 1) * QV] = F[t * QV:(t + 1) * QV]
 
     return matvec, matvec3, swiglu, matmul
 

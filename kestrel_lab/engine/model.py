@@ -34,8 +34,9 @@ and decode ~2.5× faster than the 16-lane kernel on the file's layout, prefill ~
 every layer matrix in that layout a decode step runs all layers in one numba call
 (``decode_layers_r32``). On a host with AVX-512 VNNI the copy is the 16-row layout of
 ``kernels_v16`` instead (``registry.q4_load_layout``: the same bytes again, multiplied with
-``vpdpbusd``; the same sums, bit for bit). ``interleave=False`` keeps the file's layout (zero copy, the 16-lane
-kernels); ``repack=True`` copies plain Q4_0 into Q4_8X8L instead. ``kestrel-lab bench`` shows all.
+``vpdpbusd``; the same sums, bit for bit). ``interleave=False`` (or ``KESTREL_Q4_LAYOUT=plain``) keeps the
+file's layout (zero copy: the 16-lane kernels, or on a ``dotprod`` CPU such as the board's A76 the int8-dot
+``sdot`` kernels); ``repack=True`` copies plain Q4_0 into Q4_8X8L instead. ``kestrel-lab bench`` shows all.
 
 Activations are float32. For F32/F16 weights the matvecs are float dot products (this is the path
 that matches PyTorch to ~1e-6); for Q8_0/Q4_0 weights each activation vector is quantized to Q8_0
@@ -168,7 +169,7 @@ class Activation:
             T, Kd = self.x.shape
             xq = np.empty((T, Kd), np.int8)
             xd = np.empty((T, Kd // K.QK), np.float32)
-            K.quantize_act(self.x, xq, xd)
+            K.quantize_rows(self.x, xq, xd)
             self._q8 = (xq, xd)
         return self._q8
 
@@ -226,7 +227,7 @@ def _swiglu(m: dict, a: "Activation") -> np.ndarray:
     fused = _fused("swiglu", a, wg, wu)
     if fused is None:
         g, u = wg(a), wu(a)
-        K.silu_mul(g, u, g)
+        K.silu_mul_rows(g, u, g)
         return g
     out = np.empty((1, wg.rows), np.float32)
     fused(wg, wu, a, out)
@@ -328,7 +329,9 @@ class Qwen3Engine:
         stacked, planes = {}, {}
         # plain Q4_0 → the row-grouped layout this host's fastest kernels read (G rows per group)
         self.q4_layout = registry.q4_load_layout()
-        G = registry.PLANE_LAYOUTS[self.q4_layout]
+        if self.q4_layout not in registry.PLANE_LAYOUTS:      # KESTREL_Q4_LAYOUT=plain: the file's bytes
+            interleave = False
+        G = registry.PLANE_LAYOUTS.get(self.q4_layout, K.QR)
         split_q4 = K.repack_q4_0_to_r32 if self.q4_layout == "Q4_0_R32" else V.repack_q4_0_to_v16
         # which matrices are copied at load (same byte count as the file's): "planes" (the host's row-grouped
         # layout), "8x8l" or None

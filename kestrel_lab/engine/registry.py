@@ -19,7 +19,8 @@ call       what it computes                                                signa
 ``w`` is a ``Linear`` (``.w``, ``.rows``, ``.nib``/``.sc``), ``act`` an ``Activation`` (``.x``,
 ``.q8()``, ``.q8c()``, ``.x8x8()``). Every (layout, call) that exists has a **portable** kernel; an
 ISA-specific one (``isa="avx512_vnni"``, ``"dotprod"`` …) registers beside it and is chosen when the
-host has that feature (``host_features``). A new layout (an 8-row VNNI layout, the A76's 4×4 layout),
+host has that feature (``host_features``): ``avx512_vnni`` for ``Q4_0_V16``, ``dotprod`` (the A76's
+``sdot``) for plain ``Q4_0``. A new layout (an 8-row VNNI layout, the A76's 4×4 layout),
 a new consumer (the vision tower's matmul with bias) or an ISA-specific kernel is
 one ``@register`` away. ``qkv``/``swiglu`` fall back to separate ``one`` calls for layouts without a
 fused kernel. ``experts`` (Qwen3-MoE, ``engine.moe``): plain Q4_0 experts have a grouped kernel that reads
@@ -79,27 +80,59 @@ def register(layout: str, call: str, isa: str = PORTABLE, name: str | None = Non
     return deco
 
 
-@lru_cache(maxsize=1)
-def host_features() -> frozenset[str]:
-    """The CPU features kernels may require, from /proc/cpuinfo (x86 ``flags``, ARM ``Features``).
+HWCAP_ASIMDDP = 1 << 20     # AT_HWCAP bit of the A76's dot product (Linux arch/arm64 uapi hwcap.h)
+HWCAP_BITS = {"asimddp": HWCAP_ASIMDDP}
+AT_HWCAP = 16
 
-    ARM's ``asimddp`` is reported as ``dotprod`` (the A76's ``sdot``), ``i8mm`` as ``i8mm``.
-    Taught in day06_1.
-    """
-    feats: set[str] = set()
+
+def _hwcap() -> int | None:
+    """The kernel's AT_HWCAP word (``getauxval``), None where libc has no ``getauxval``."""
+    import ctypes
+
     try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
-                    feats.update(value.split())
-                    break
-    except OSError:
-        pass
+        fn = ctypes.CDLL(None).getauxval
+    except (OSError, AttributeError):
+        return None
+    fn.restype, fn.argtypes = ctypes.c_ulong, [ctypes.c_ulong]
+    return int(fn(AT_HWCAP))
+
+
+def features_from(cpuinfo: str, machine: str, hwcap: int | None = None) -> frozenset[str]:
+    """The features in ``cpuinfo`` (the text of /proc/cpuinfo) that belong to ``machine``'s ISA.
+
+    Only the line of that ISA counts: ``flags`` on x86, ``Features`` on aarch64. Under qemu-user an
+    emulated arm64 process reads the **x86 host's** /proc/cpuinfo, whose ``flags`` would claim
+    ``avx512_vnni`` and pick x86 kernels that cannot run there; so on aarch64 the ``flags`` line is
+    ignored and the kernel's AT_HWCAP word (``hwcap``, which qemu emulates for the chosen CPU) adds
+    ``asimddp``. ARM's ``asimddp`` is reported as ``dotprod`` (the A76's ``sdot``)."""
+    m = machine.lower()
+    arm = m in ("aarch64", "arm64")
+    key = "Features" if arm else "flags" if m in ("x86_64", "amd64", "i686", "i386") else None
+    feats: set[str] = set()
+    for line in cpuinfo.splitlines():
+        k, _, value = line.partition(":")
+        if key is not None and k.strip() == key:
+            feats.update(value.split())
+            break
+    if arm and hwcap is not None:
+        feats.update(name for name, bit in HWCAP_BITS.items() if hwcap & bit)
     if "asimddp" in feats:
         feats.add("dotprod")
-    feats.add(platform.machine().lower())
+    feats.add(m)
     return frozenset(feats)
+
+
+@lru_cache(maxsize=1)
+def host_features() -> frozenset[str]:
+    """The CPU features kernels may require on this host (``features_from`` of /proc/cpuinfo, and
+    AT_HWCAP on aarch64). Taught in day06_1."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+    except OSError:
+        text = ""
+    machine = platform.machine()
+    return features_from(text, machine, _hwcap() if machine.lower() in ("aarch64", "arm64") else None)
 
 
 def select(layout: str, call: str, features: frozenset[str] | None = None) -> Kernel | None:
@@ -124,16 +157,22 @@ def layout_of(w) -> str:
 PLANE_LAYOUTS = {"Q4_0_R32": 32, "Q4_0_V16": 16}   # layouts made from plain Q4_0 at load → rows per group
 
 
+Q4_LAYOUTS = {"r32": "Q4_0_R32", "v16": "Q4_0_V16", "plain": "Q4_0"}   # KESTREL_Q4_LAYOUT values
+
+
 def q4_load_layout(features: frozenset[str] | None = None) -> str:
-    """The layout the engine splits plain Q4_0 into at load on this host: ``Q4_0_V16`` where an
-    ISA-specific kernel for it is available (AVX-512 VNNI), else ``Q4_0_R32`` (faster than the
-    portable ``Q4_0_V16`` kernels). ``KESTREL_Q4_LAYOUT=r32|v16`` forces one, to measure both.
-    Taught in day06_3 and day07_1."""
+    """The layout the engine keeps plain Q4_0 in on this host: ``Q4_0_V16`` where an ISA-specific
+    kernel for it is available (AVX-512 VNNI), else ``Q4_0_R32`` (faster than the portable
+    ``Q4_0_V16`` kernels), both copied at load. ``KESTREL_Q4_LAYOUT`` forces one, to measure them
+    side by side: ``r32``, ``v16``, or ``plain`` (no copy: the file's own bytes, with the int8-dot
+    ``sdot`` kernels on a ``dotprod`` host such as the A76, else the 16-lane ones). The board keeps
+    R32 by default: which of R32 and ``sdot`` is faster on a real A76 is still to be measured
+    (day07_1's board exercise). Taught in day06_3 and day07_1."""
     forced = os.environ.get("KESTREL_Q4_LAYOUT", "").strip().lower()
     if forced:
-        name = {"r32": "Q4_0_R32", "v16": "Q4_0_V16"}.get(forced)
+        name = Q4_LAYOUTS.get(forced)
         if name is None:
-            raise ValueError(f"KESTREL_Q4_LAYOUT={forced!r}: expected r32 or v16")
+            raise ValueError(f"KESTREL_Q4_LAYOUT={forced!r}: expected one of {', '.join(Q4_LAYOUTS)}")
         return name
     k = select("Q4_0_V16", "one", features)
     return "Q4_0_V16" if k is not None and k.isa != PORTABLE else "Q4_0_R32"
@@ -189,29 +228,49 @@ def _q8_many(w, act, out):
     K.matmul_rows_q8_0(w.w, w.w.view(np.int8), xq, xd, K.F16_TO_F32, out, K.n_chunks(w.rows))
 
 
-@register("Q4_0", "one", name="matvec_q4_0")
-def _q4_one(w, act, out):
-    xq, xd = act.q8()
-    K.matvec_q4_0(w.w, xq, xd, K.F16_TO_F32, out[0], K.n_chunks(w.rows))
+# ------------------------------------------------------------ plain Q4_0: 16 int16 lanes, or the A76's sdot
+def _register_q4_0(isa: str, suffix: str, matvec, matvec3, swiglu, matmul, experts_gate_up, experts_down):
+    """The five calls on the file's plain Q4_0 bytes for one ISA (``kernels._make_q4_0_kernels``):
+    the portable 16-lane kernels, or the int8-dot ones (``sdot``) for ``dotprod`` hosts. Same kernel
+    order as ``_register_v16``."""
+    def one(w, act, out):
+        xq, xd = act.q8()
+        matvec(w.w, xq, xd, K.F16_TO_F32, out[0], K.n_chunks(w.rows))
+
+    def many(w, act, out):
+        xq, xd = act.q8()
+        matmul(w.w, xq, xd, K.F16_TO_F32, out, K.n_chunks(w.rows))
+
+    def qkv(wq, wk, wv, act, q, k, v):
+        xq, xd = act.q8()
+        matvec3(wq.w, wk.w, wv.w, xq, xd, K.F16_TO_F32, q[0], k[0], v[0], K.n_chunks(wq.rows + wk.rows + wv.rows))
+
+    def fused_swiglu(wg, wu, act, out):
+        xq, xd = act.q8()
+        swiglu(wg.w, wu.w, xq, xd, K.F16_TO_F32, out[0], K.n_chunks(wg.rows))
+
+    def experts(stack, act, groups, out):
+        """MoE experts (``engine.moe``): gate/up for every (token, expert) pair, then down."""
+        xq, xd = act.q8()
+        g = np.empty((groups.n_pairs, stack.m), np.float32)
+        nch = _expert_chunks(groups.experts.size)
+        experts_gate_up(stack.gate, stack.up, groups.experts, groups.start, groups.tok, xq, xd, K.F16_TO_F32, g, nch)
+        gq = np.empty(g.shape, np.int8)
+        gd = np.empty((g.shape[0], g.shape[1] // K.QK), np.float32)
+        K.quantize_rows(g, gq, gd)
+        experts_down(stack.down, groups.experts, groups.start, gq, gd, K.F16_TO_F32, out, nch)
+
+    register("Q4_0", "one", isa, name=f"matvec_q4_0{suffix}")(one)
+    register("Q4_0", "many", isa, name=f"matmul_rows_q4_0{suffix}")(many)
+    register("Q4_0", "qkv", isa, name=f"matvec3_q4_0{suffix}")(qkv)
+    register("Q4_0", "swiglu", isa, name=f"matvec_swiglu_q4_0{suffix}")(fused_swiglu)
+    register("Q4_0", "experts", isa, name=f"experts_q4_0{suffix}")(experts)
 
 
-@register("Q4_0", "many", name="matmul_rows_q4_0")
-def _q4_many(w, act, out):
-    xq, xd = act.q8()
-    K.matmul_rows_q4_0(w.w, xq, xd, K.F16_TO_F32, out, K.n_chunks(w.rows))
-
-
-@register("Q4_0", "qkv", name="matvec3_q4_0")
-def _q4_qkv(wq, wk, wv, act, q, k, v):
-    xq, xd = act.q8()
-    K.matvec3_q4_0(wq.w, wk.w, wv.w, xq, xd, K.F16_TO_F32, q[0], k[0], v[0],
-                   K.n_chunks(wq.rows + wk.rows + wv.rows))
-
-
-@register("Q4_0", "swiglu", name="matvec_swiglu_q4_0")
-def _q4_swiglu(wg, wu, act, out):
-    xq, xd = act.q8()
-    K.matvec_swiglu_q4_0(wg.w, wu.w, xq, xd, K.F16_TO_F32, out[0], K.n_chunks(wg.rows))
+_register_q4_0(PORTABLE, "", K.matvec_q4_0, K.matvec3_q4_0, K.matvec_swiglu_q4_0, K.matmul_rows_q4_0,
+               K.experts_swiglu_q4_0, K.experts_down_q4_0)
+_register_q4_0("dotprod", "_sdot", K.matvec_q4_0_sdot, K.matvec3_q4_0_sdot, K.matvec_swiglu_q4_0_sdot,
+               K.matmul_rows_q4_0_sdot, K.experts_swiglu_q4_0_sdot, K.experts_down_q4_0_sdot)
 
 
 @register("Q4_0_R32", "one", name="matvec_q4_r32")
@@ -306,26 +365,13 @@ def _expert_chunks(n_active: int) -> int:
     return max(1, -(-K.n_chunks(1 << 30) // max(1, n_active)))
 
 
-@register("Q4_0", "experts", name="experts_q4_0")
-def _q4_experts(stack, act, groups, out):
-    xq, xd = act.q8()
-    g = np.empty((groups.n_pairs, stack.m), np.float32)
-    nch = _expert_chunks(groups.experts.size)
-    K.experts_swiglu_q4_0(stack.gate, stack.up, groups.experts, groups.start, groups.tok, xq, xd,
-                          K.F16_TO_F32, g, nch)
-    gq = np.empty(g.shape, np.int8)
-    gd = np.empty((g.shape[0], g.shape[1] // K.QK), np.float32)
-    K.quantize_act(g, gq, gd)
-    K.experts_down_q4_0(stack.down, groups.experts, groups.start, gq, gd, K.F16_TO_F32, out, nch)
-
-
 def _experts_by_expert(stack, act, groups, out):
     """Any layout: per active expert, its tokens' rows through the ``many`` kernels of its views."""
     for a, e in enumerate(groups.experts):
         p0, p1 = int(groups.start[a]), int(groups.start[a + 1])
         sub = stack.activation(act.x[groups.tok[p0:p1]])
         gate, up = stack.linear("gate", int(e))(sub), stack.linear("up", int(e))(sub)
-        K.silu_mul(gate, up, gate)
+        K.silu_mul_rows(gate, up, gate)
         out[p0:p1] = stack.linear("down", int(e))(stack.activation(gate))
 
 
