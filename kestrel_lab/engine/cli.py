@@ -379,7 +379,7 @@ def _chat(args) -> int:
 
 def record_notebook(args) -> tuple[str, dict]:
     """The notebook that owns the figures ``bench --record`` asks for, and its papermill parameters:
-    day29_1 (``run_peer`` with ``--peer``), day20_2 with ``--vision``, day22_3 for a Qwen3-MoE config.
+    day29_1 (with ``--peer``: ``run_peer``, ``rounds`` and ``peer_threads``), day20_2 with ``--vision``, day22_3 for a Qwen3-MoE config.
     Each figure file has one writer: the notebook. Taught in day28_2."""
     if args.vision:
         return "day20_2", {}
@@ -388,7 +388,10 @@ def record_notebook(args) -> tuple[str, dict]:
 
         if ModelConfig.from_hf(args.config).arch == "qwen3_moe":
             return "day22_3", {}
-    return "day29_1", ({"run_peer": "true"} if args.peer else {})
+    if not args.peer:
+        return "day29_1", {}
+    return "day29_1", {"run_peer": "true", "rounds": str(args.rounds),
+                       **({"peer_threads": args.threads} if args.threads else {})}
 
 
 def _record(args) -> int:

@@ -8,8 +8,9 @@ What a fair comparison pins, and where this module pins it:
 - **the weights**: one deterministic random checkpoint with Qwen3-0.6B's shapes, written by
   transformers' own ``save_pretrained`` with the workbook's ``tokenizer.json`` beside it (``checkpoint``),
   converted twice: by ``kestrel-lab convert --quant q4_0`` (``vqf``) and by llama.cpp's own
-  ``convert_hf_to_gguf.py --outtype bf16`` + ``llama-quantize --pure Q4_0`` (``gguf``); both files are
-  cached by content under the kestrel cache folder and never committed;
+  ``convert_hf_to_gguf.py --outtype bf16`` (``gguf_bf16``) + ``llama-quantize --pure Q4_0`` (``gguf``); the
+  files are cached by content under the kestrel cache folder (key files through ``kestrel_lab.atomic``)
+  and never committed;
 - **the work**: ``llama-bench -p 64 -n 32 -r 3 -t T -o json`` and the engine doing the same — a 64-token
   prefill that computes the last token's logits only (as llama-bench's prompt phase does), then 32
   decode steps — each round the mean of 3 repetitions, like llama-bench's ``avg_ts``;
@@ -50,7 +51,7 @@ SCHEMA = "kestrel-lab/peer/1"
 ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "dotprod", "i8mm")
 
 __all__ = ["PEER", "HINT", "PeerMissing", "peers_dir", "find", "require", "parse_llama_bench", "summary",
-           "ratio_bounds", "checkpoint", "vqf", "gguf", "llama_bench", "engine_round", "limits", "run",
+           "ratio_bounds", "checkpoint", "vqf", "gguf_bf16", "gguf", "llama_bench", "engine_round", "limits", "run",
            "format_table", "cpu_model", "isa_flags"]
 
 
@@ -225,36 +226,55 @@ def vqf(ckpt: Path, quant: str = "q4_0") -> Path:
     return models.vqf(model=ckpt, quant=quant, name=f"{Path(ckpt).name}")
 
 
-def gguf(ckpt: Path, info: dict, log=print) -> Path:
-    """The checkpoint converted by llama.cpp's own tools: ``convert_hf_to_gguf.py --outtype bf16`` (with
-    the vendored gguf-py first on PYTHONPATH), then ``llama-quantize --pure <bf16> <out> Q4_0``; cached
-    by content (the checkpoint's key file and the build's sdist hash and flags)."""
+def gguf_bf16(ckpt: Path, info: dict, log=print) -> Path:
+    """The checkpoint converted by llama.cpp's own ``convert_hf_to_gguf.py --outtype bf16`` (run from the
+    vendored tree, with the vendored gguf-py first on PYTHONPATH), cached by content: the checkpoint's
+    key and the sdist's hash (the converter is part of the source, not of the build)."""
     from kestrel_lab import models
 
     ckpt = Path(ckpt)
     key = {"schema": SCHEMA, "kind": "gguf", "checkpoint": ckpt.name,
            "checkpoint_key": json.loads(models.cache_key_path(ckpt).read_text(encoding="utf-8")),
-           "sdist_sha256": info.get("sdist_sha256"), "cmake_flags": info.get("cmake_flags"),
-           "outtype": "bf16", "quantize": ["--pure", "Q4_0"]}
-    out = _cache() / f"{ckpt.name}.q4_0.gguf"
+           "sdist_sha256": info.get("sdist_sha256"), "outtype": "bf16"}
+    out = _cache() / f"{ckpt.name}.bf16.gguf"
 
     def build(p: Path) -> None:
-        bf16 = p.with_name(p.name + ".bf16.tmp")
         tmp = p.with_name(p.name + ".tmp")
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([info["gguf_py"]] + [x for x in [env.get("PYTHONPATH")] if x])
         env.setdefault("HF_HUB_OFFLINE", "1")
+        env.setdefault("TQDM_DISABLE", "1")
+        log(f"peer: convert_hf_to_gguf.py --outtype bf16 {ckpt.name} …")
         try:
-            t0 = time.perf_counter()
-            log(f"peer: convert_hf_to_gguf.py --outtype bf16 {ckpt.name} …")
-            _run([sys.executable, info["convert_script"], str(ckpt), "--outtype", "bf16", "--outfile", str(bf16)], env)
-            log(f"peer: llama-quantize --pure Q4_0 … ({time.perf_counter() - t0:.0f} s so far)")
-            _run([info["llama_quantize"], "--pure", str(bf16), str(tmp), "Q4_0"], env)
+            _run([sys.executable, info["convert_script"], str(ckpt), "--outtype", "bf16", "--outfile", str(tmp)], env)
             os.replace(tmp, p)
         finally:
-            for f in (bf16, tmp):
-                if f.exists():
-                    f.unlink()
+            if tmp.exists():
+                tmp.unlink()
+    return models._cached(out, key, build)
+
+
+def gguf(ckpt: Path, info: dict, log=print) -> Path:
+    """The checkpoint as llama.cpp's Q4_0: ``gguf_bf16``, then ``llama-quantize --pure <bf16> <out> Q4_0``
+    (``--pure``: every matrix Q4_0, the embedding and head included, as in the VQF); cached by content
+    (the bf16 file's key and the build's sdist hash and flags)."""
+    from kestrel_lab import models
+
+    bf16 = gguf_bf16(ckpt, info, log=log)
+    key = {"schema": SCHEMA, "kind": "gguf", "from": json.loads(models.cache_key_path(bf16).read_text(encoding="utf-8")),
+           "sdist_sha256": info.get("sdist_sha256"), "cmake_flags": info.get("cmake_flags"),
+           "quantize": ["--pure", "Q4_0"]}
+    out = _cache() / f"{Path(ckpt).name}.q4_0.gguf"
+
+    def build(p: Path) -> None:
+        tmp = p.with_name(p.name + ".tmp")
+        log("peer: llama-quantize --pure … Q4_0")
+        try:
+            _run([info["llama_quantize"], "--pure", str(bf16), str(tmp), "Q4_0"])
+            os.replace(tmp, p)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
     return models._cached(out, key, build)
 
 
@@ -428,8 +448,10 @@ def format_table(res: dict) -> str:
              f"KV {ps.get('type_k')}/{ps.get('type_v')}, mmap {ps.get('use_mmap')}; build {ps.get('build_commit')}")
     L.append(f"  built from {b['sdist']} (sha256 {str(b['sdist_sha256'])[:12]}…) with {' '.join(b['cmake_flags'] or [])}; "
              f"{b['compiler']}; {b['seconds']} s")
-    L.append(f"Kestrel Lab: {es['command']}; weights {', '.join(es['weight_qtypes'])}; kernels "
-             + ", ".join(f"{k}={v}" for k, v in es["kernels"].items()))
+    kp = es["kernels"]
+    mats = "; ".join(f"{lay}: matvec {k['one']}, matmul {k['many']}" for lay, k in (kp.get("matrices") or {}).items())
+    L.append(f"Kestrel Lab: {es['command']}; weights {', '.join(es['weight_qtypes'])} "
+             f"(split into {kp.get('q4_layout')} at load); {mats}; decode step {kp.get('decode_step')}")
     L.append(f"  note: {es['note']}")
     f = res["files"]
     L.append(f"files: GGUF {f['gguf_bytes'] / 1e6:.1f} MB, VQF {f['vqf_bytes'] / 1e6:.1f} MB (checkpoint {Path(f['checkpoint']).name})")
