@@ -25,7 +25,6 @@ Without the peer built, ``require`` raises ``PeerMissing`` whose message is the 
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -165,14 +164,6 @@ def isa_flags() -> dict:
 # ------------------------------------------------------------------------------ the files
 def _cache() -> Path:
     return paths.cache_dir() / "peer"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _tokenizer_config() -> dict:
