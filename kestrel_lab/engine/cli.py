@@ -377,10 +377,10 @@ def _chat(args) -> int:
         _warn_layer()
 
 
-def record_notebook(args) -> tuple[str, dict]:
+def _record_notebook(args) -> tuple[str, dict]:
     """The notebook that owns the figures ``bench --record`` asks for, and its papermill parameters:
     day29_1 (with ``--peer``: ``run_peer``, ``rounds`` and ``peer_threads``), day20_2 with ``--vision``, day22_3 for a Qwen3-MoE config.
-    Each figure file has one writer: the notebook. Taught in day28_2."""
+    Each figure file has one writer: the notebook."""
     if args.vision:
         return "day20_2", {}
     if args.config:
@@ -398,7 +398,7 @@ def _record(args) -> int:
     """``bench --record RUNNER``: ``kestrel-lab rerun --runner RUNNER --notebooks <owner> [-p K V …]``."""
     from kestrel_lab import cli
 
-    nb, params = record_notebook(args)
+    nb, params = _record_notebook(args)
     argv = ["rerun", "--runner", args.record, "--notebooks", nb]
     for k, v in params.items():
         argv += ["-p", k, v]

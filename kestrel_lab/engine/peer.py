@@ -41,7 +41,7 @@ from kestrel_lab import paths
 
 PEER = "llama.cpp"
 PEERS = (PEER,)
-HINT = "the llama.cpp peer is not built here: run `make peers` (builds llama-bench and llama-quantize, ~150 s on 2 cores)"
+HINT = "the llama.cpp peer is not built here: run `make peers` (builds llama-bench and llama-quantize; minutes on 2 cores)"
 PROMPT_TOKENS = 64
 DECODE_TOKENS = 32
 REPS = 3
