@@ -69,7 +69,7 @@ bench: $(VENV)/.runtime-installed
 	$(KL) bench $(ARGS)
 
 # llama.cpp's llama-bench and llama-quantize from the pinned llama-cpp-python sdist, for
-# `kestrel-lab bench --peer llama.cpp` (day29_1, day29_2). Optional, ~150 s on 2 cores; never part of
+# `kestrel-lab bench --peer llama.cpp` (day29_1, day29_2). Optional, minutes on 2 cores; never part of
 # `make test` or CI. See scripts/build-peers.sh and the README.
 peers: $(VENV)/.ref-installed
 	PY=$(abspath $(PY)) JOBS=$(or $(JOBS),2) bash scripts/build-peers.sh

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make peers`: build llama.cpp's llama-bench and llama-quantize from the vendored source of the pinned
 # llama-cpp-python sdist, for `kestrel-lab bench --peer llama.cpp` and lessons day29_1 / day29_2.
-# Optional: about 150 s on 2 cores plus the download; never part of `make test` or CI.
+# Optional: minutes on 2 cores (BUILD.json records how long) plus the download; never part of `make test` or CI.
 #
 #   KESTREL_PEERS_DIR  where the build goes (default: <kestrel cache dir>/peers)
 #   PY                 the venv's python (default .venv/bin/python); requirements-peers.txt goes there
