@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED := 1
 # inline backend is what puts a notebook's figures into the book (kestrel_lab.plotting.setup ensures it).
 unexport MPLBACKEND
 
-.PHONY: book test system-deps env ref-env dev-env test-env clean clean-cache rerun bench board-test board-smoke tiny-vl
+.PHONY: book test system-deps env ref-env dev-env test-env clean clean-cache rerun bench board-test board-smoke tiny-vl peers
 
 # The runtime environment: requirements.txt + the package (editable, so notebooks see this checkout).
 $(VENV)/.runtime-installed: requirements.txt pyproject.toml
@@ -67,6 +67,12 @@ rerun: $(VENV)/.runtime-installed
 # else the bench says it skipped them. A board needs only `make env`.
 bench: $(VENV)/.runtime-installed
 	$(KL) bench $(ARGS)
+
+# llama.cpp's llama-bench and llama-quantize from the pinned llama-cpp-python sdist, for
+# `kestrel-lab bench --peer llama.cpp` (day29_1, day29_2). Optional, minutes on 2 cores; never part of
+# `make test` or CI. See scripts/build-peers.sh and the README.
+peers: $(VENV)/.ref-installed
+	PY=$(abspath $(PY)) JOBS=$(or $(JOBS),2) bash scripts/build-peers.sh
 
 # Re-train the tiny Qwen3-VL in data/models/qwen3-tiny-vl (torch on CPU, 2 threads; see its README):
 # stage 1 (1,200 steps from the poem model) into the cache, then stage 2 (700 steps on the seeds after

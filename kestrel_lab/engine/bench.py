@@ -17,9 +17,9 @@ next to the others:
 - numba's first compile (a fresh process with an empty ``NUMBA_CACHE_DIR``) and the cached cold
   start (a fresh process, cache warm, file in the page cache: from process start to the first token).
 
-``--json`` prints the result as JSON; ``--record RUNNER`` stores the figures with provenance under
-``data/measurements/RUNNER/day29_1.json``. ``memory_snapshot`` reads what the kernel counts of a process's memory
-(smaps_rollup). Taught in day07_3, day23_1, day24_1, day24_2 and day29_1.
+``--json`` prints the result as JSON. The figures of day29_1 are recorded by that notebook alone
+(``bench --record RUNNER`` runs it through ``kestrel-lab rerun``); ``engine.peer`` adds llama.cpp.
+``memory_snapshot`` reads what the kernel counts of a process's memory (smaps_rollup). Taught in day07_3, day23_1, day24_1, day24_2 and day29_1.
 """
 from __future__ import annotations
 
@@ -414,44 +414,6 @@ def format_table(res: dict) -> str:
     if res.get("load_avg"):
         lines.append("machine load average (1/5/15 min) at the end: " + " / ".join(f"{v:.2f}" for v in res["load_avg"]))
     return "\n".join(lines)
-
-
-def record(res: dict, runner: str) -> Path:
-    """Store the figures under data/measurements/RUNNER/day29_1.json. Taught in day29_1."""
-    from kestrel_lab.measure import Recorder
-
-    rec = Recorder("day29_1", runner, params={"vqf": Path(res["vqf"]).name, "quant": res["quant"],
-                                              "threads": res["threads"], "cpus": res.get("cpus")})
-    for t in res["threads"]:
-        e = res["engine"][t]
-        rec.record(f"engine_decode_tok_s_{t}t", e["decode_tok_s"], "tok/s", f"engine decode, {t} thread(s), {res['quant']}")
-        rec.record(f"engine_prefill_tok_s_{t}t", e["prefill_tok_s"], "tok/s", f"engine prefill of 64 tokens, {t} thread(s)")
-        pl = (res.get("engine_plain") or {}).get(t)
-        if pl:
-            rec.record(f"engine_decode_tok_s_plain_{t}t", pl["decode_tok_s"], "tok/s",
-                       f"engine decode on the file's plain Q4_0 layout (16-lane kernel), {t} thread(s)")
-        rp = (res.get("engine_repacked") or {}).get(t)
-        if rp:
-            rec.record(f"engine_decode_tok_s_8x8l_{t}t", rp["decode_tok_s"], "tok/s",
-                       f"engine decode from a Q4_8X8L copy, {t} thread(s)")
-            rec.record(f"engine_prefill_tok_s_8x8l_{t}t", rp["prefill_tok_s"], "tok/s",
-                       f"engine prefill of 64 tokens from a Q4_8X8L copy, {t} thread(s)")
-        rec.record(f"read_gbs_{t}t", res["bandwidth"][t], "GB/s", f"memory read bandwidth, {t} thread(s)")
-        rec.record(f"ceiling_tok_s_{t}t", res["ceiling_tok_s"][t], "tok/s", f"bandwidth-bound decode ceiling, {t} thread(s)")
-        rec.record(f"pct_of_ceiling_{t}t", res["pct_of_ceiling"][t], "%", f"engine decode as % of the ceiling, {t} thread(s)")
-        for k, v in res["kernels_gbs"][t].items():
-            key = k.split(" ")[0] + ("_naive" if "naive" in k else "_r32" if "r32" in k else "_v16" if "v16" in k
-                                     else "_lanes" if "lanes" in k else "")
-            rec.record(f"matvec_gbs_{key}_{t}t", v, "GB/s", f"matvec {k}, 98304×1024, {t} thread(s)")
-    rec.record("weight_bytes_per_token", res["weight_bytes_per_token"], "B", "weight bytes one decode step reads")
-    for dt in ("fp32", "bf16"):
-        if dt in (res.get("torch") or {}):
-            rec.record(f"torch_{dt}_decode_tok_s", res["torch"][dt], "tok/s", f"transformers {dt} decode, same weights")
-    rec.record("first_compile_s", res["first_compile"]["to_first_token_s"], "s",
-               "fresh process, empty numba cache: start → first token")
-    rec.record("cold_start_s", res["cold_start"]["to_first_token_s"], "s",
-               "fresh process, numba cache warm: start → first token")
-    return rec.save()
 
 
 # ------------------------------------------------------------------------------ Qwen3-MoE

@@ -13,7 +13,9 @@ statistics line then gives each image's LLM tokens and vision-encode time. ``--m
 ``--max-pixels`` bound the resize (Qwen3-VL's defaults otherwise). A picture that cannot be read stops
 ``generate`` with the preprocessing's message (exit code 2); in ``chat`` it is reported and skipped.
 ``bench`` times decode and prefill against the machine's ceiling and PyTorch (``engine.bench``;
-``bench --vision``: the vision tower on one 640×480 image, ``engine.vision_bench``);
+``bench --vision``: the vision tower on one 640×480 image, ``engine.vision_bench``; ``bench --peer llama.cpp``:
+beside llama.cpp built by ``make peers``, on the same checkpoint, ``engine.peer``; ``bench --record RUNNER``
+runs the notebook that owns the figures through ``kestrel-lab rerun`` — day29_1, day20_2, day22_3);
 ``golden check | update`` replays or regenerates the token ids each quantization must produce
 (``kestrel_lab.golden``). ``--key-file K`` (or ``KESTREL_KEY_FILE``) opens an SM4-encrypted VQF
 (``vqf.protect``); for ``bench`` it adds a run on an encrypted copy of the model.
@@ -24,7 +26,7 @@ on an RK3588 an even split over A76 and A55 cores makes the fast threads wait fo
 ``--threads`` overrides the count (default one per CPU). The per-turn line says which CPUs, how many
 threads and numba's threading layer; a layer other than ``omp`` gets a warning.
 
-Taught in day13_1 (generate), day14_2 (chat), day29_1 (planned; bench) and day25_3 (golden).
+Taught in day13_1 (generate), day14_2 (chat), day29_1 (bench) and day25_3 (golden).
 """
 from __future__ import annotations
 
@@ -123,6 +125,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.set_defaults(func=_chat, think=True)
 
     from kestrel_lab.engine.bench import DECODE_TOKENS, DEFAULT_CONFIG
+    from kestrel_lab.engine.peer import PEERS
 
     b = sub.add_parser("bench", help="engine decode/prefill tok/s vs the bandwidth ceiling and PyTorch")
     b.add_argument("--config", default=None, help=f"HF config.json (default data/configs/{DEFAULT_CONFIG})")
@@ -134,7 +137,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--torch", dest="torch", action=argparse.BooleanOptionalAction, default=True,
                    help="also time transformers fp32 and bf16 (default: when installed; skipped, saying so, when not)")
     b.add_argument("--json", action="store_true", help="print the result as JSON")
-    b.add_argument("--record", metavar="RUNNER", help="record the figures as day29_1 (day20_2 with --vision) for RUNNER")
+    b.add_argument("--record", metavar="RUNNER",
+                   help="record RUNNER's figures by running the notebook that owns them through `kestrel-lab rerun`: "
+                        "day29_1 (with --peer: -p run_peer true), day20_2 with --vision, day22_3 for a Qwen3-MoE config")
+    b.add_argument("--peer", choices=PEERS, default=None,
+                   help="run beside a peer engine built by `make peers` on the same checkpoint: interleaved rounds, "
+                        "medians, ratios, the bandwidth and compute limits")
     b.add_argument("--layers", type=int, default=None, metavar="N",
                    help="a Qwen3-MoE config: keep its first N layers (per-layer figures scale to the whole model)")
     b.add_argument("--memory-limit", metavar="SIZE", default=None,
@@ -144,8 +152,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--dense-twin", metavar="CONFIG", nargs="?", default=None, const="",
                    help="a Qwen3-MoE config: also decode a dense model with about as many active parameters at the "
                         "same layers (default data/configs/qwen3-4b.config.json) and compare with what the bytes predict")
-    b.add_argument("--rounds", type=int, default=1, metavar="N",
-                   help="rounds of the --memory-limit and --dense-twin runs, taken in turn (default 1)")
+    b.add_argument("--rounds", type=int, default=None, metavar="N",
+                   help="interleaved rounds: of each thread count with --peer (default 3); of the --memory-limit "
+                        "and --dense-twin runs, taken in turn (default 1)")
     b.add_argument("--key-file", metavar="K", default=None,
                    help="also time the engine on an SM4-encrypted copy of the model (default: $KESTREL_KEY_FILE)")
     b.add_argument("--vision", action="store_true",
@@ -380,14 +389,65 @@ def _chat(args) -> int:
         _warn_layer()
 
 
+def _record_notebook(args) -> tuple[str, dict]:
+    """The notebook that owns the figures ``bench --record`` asks for, and its papermill parameters:
+    day29_1 (with ``--peer``: ``run_peer``, ``rounds`` and ``peer_threads``), day20_2 with ``--vision``, day22_3 for a Qwen3-MoE config.
+    Each figure file has one writer: the notebook."""
+    if args.vision:
+        return "day20_2", {}
+    if args.config:
+        from kestrel_lab.config import ModelConfig
+
+        if ModelConfig.from_hf(args.config).arch == "qwen3_moe":
+            return "day22_3", {}
+    if not args.peer:
+        return "day29_1", {}
+    return "day29_1", {"run_peer": "true", "rounds": str(3 if args.rounds is None else args.rounds),
+                       **({"peer_threads": args.threads} if args.threads else {})}
+
+
+def _record(args) -> int:
+    """``bench --record RUNNER``: ``kestrel-lab rerun --runner RUNNER --notebooks <owner> [-p K V …]``."""
+    from kestrel_lab import cli
+
+    nb, params = _record_notebook(args)
+    argv = ["rerun", "--runner", args.record, "--notebooks", nb]
+    for k, v in params.items():
+        argv += ["-p", k, v]
+    print(f"bench --record: the figures are {nb}'s; running `kestrel-lab {' '.join(argv)}`", file=sys.stderr)
+    return cli.main(argv)
+
+
+def _bench_peer(args, threads, log) -> int:
+    import json
+
+    from kestrel_lab.engine import peer
+
+    if args.vision or args.key_file or args.layers is not None or args.quant != "q4_0":
+        print("--peer compares the dense Q4_0 model only (no --vision, --layers, --key-file or --quant)", file=sys.stderr)
+        return 2
+    if peer.find() is None:
+        print(f"bench --peer {args.peer}: {peer.HINT}", file=sys.stderr)
+        return 1
+    rounds = 3 if args.rounds is None else args.rounds
+    if rounds < 1:
+        print("--rounds must be ≥ 1", file=sys.stderr)
+        return 2
+    res = peer.run(rounds=rounds, threads=threads or (1, 2), config=args.config, log=log)
+    print(json.dumps(res, indent=1, default=str) if args.json else peer.format_table(res))
+    return 0
+
+
 def _bench(args) -> int:
     import json
 
-    from kestrel_lab.engine.bench import format_table, record, run
+    from kestrel_lab.engine.bench import format_table, run
 
     from kestrel_lab import machine
     from kestrel_lab.threads import use_cpus
 
+    if args.record:
+        return _record(args)
     try:
         threads = [int(t) for t in args.threads.split(",")] if args.threads else None
     except ValueError:
@@ -397,10 +457,12 @@ def _bench(args) -> int:
     log(f"bench: {choice.note()}")
     for w in machine.fingerprint(probe_threading=True, cpus=list(choice.cpus))["warnings"]:
         print(f"warning: {w}", file=sys.stderr)
+    if args.peer:
+        return _bench_peer(args, threads, log)
     if args.vision:
         from kestrel_lab.engine import vision_bench
 
-        format_table, record = vision_bench.format_table, vision_bench.record
+        format_table = vision_bench.format_table
         res = vision_bench.run(args.config, threads, args.torch, log=log)
     else:
         from kestrel_lab.config import ModelConfig
@@ -408,9 +470,6 @@ def _bench(args) -> int:
         if args.config and ModelConfig.from_hf(args.config).arch == "qwen3_moe":
             from kestrel_lab.engine.bench import format_moe_table, moe_run
 
-            if args.record:
-                print("--record: the MoE bench's figures are recorded by day22_3, not day29_1", file=sys.stderr)
-                return 2
             from kestrel_lab.engine.bench import DENSE_TWIN_CONFIG
             from kestrel_lab.paths import configs_dir
 
@@ -420,7 +479,7 @@ def _bench(args) -> int:
                 parse_size(args.memory_limit)          # a bad size fails before anything is built
             twin = None if args.dense_twin is None else (args.dense_twin or configs_dir() / DENSE_TWIN_CONFIG)
             res = moe_run(args.config, args.layers, args.quant, threads, args.decode_tokens, log=log,
-                          memory_limit=args.memory_limit, dense_twin_config=twin, rounds=args.rounds)
+                          memory_limit=args.memory_limit, dense_twin_config=twin, rounds=args.rounds or 1)
             print(json.dumps(res, indent=1, default=str) if args.json else format_moe_table(res))
             return 0
         for flag, given in (("--layers", args.layers is not None), ("--memory-limit", args.memory_limit is not None),
@@ -437,8 +496,6 @@ def _bench(args) -> int:
         print(json.dumps(res, indent=1, default=str))
     else:
         print(format_table(res))
-    if args.record:
-        print(f"recorded {record(res, args.record)}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

@@ -496,7 +496,7 @@ class Qwen3Engine:
     def kernel_paths(self) -> dict:
         """Which registered kernel each product uses, by weight layout (and the whole-step kernel).
 
-        Recorded by the bench, since the speed depends on it. Taught in day29_1 (planned).
+        Recorded by the bench, since the speed depends on it. Taught in day29_1.
         """
         mats = [*(m for layer in self.layers for m in layer.values()), self.lm_head]
         by_layout: dict[str, dict] = {}

@@ -214,21 +214,4 @@ def format_table(res: dict) -> str:
     return "\n".join(lines)
 
 
-def record(res: dict, runner: str) -> Path:
-    """Store the figures under data/measurements/RUNNER/day20_2.json. Taught in day20_2."""
-    from kestrel_lab.measure import Recorder
-
-    rec = Recorder("day20_2", runner, params={"vqf": Path(res["vqf"]).name, "grid": res["grid"],
-                                              "threads": res["threads"]})
-    for t in res["threads"]:
-        e = res["engine"][t]
-        rec.record(f"vision_encode_s_{t}t", e["seconds"], "s", f"engine vision encode of a 640×480 image, {t} thread(s)")
-        rec.record(f"vision_gflops_{t}t", e["gflops"], "GFLOP/s", f"engine vision encode throughput, {t} thread(s)")
-    rec.record("matmul_gflops", res["matmul_gflops"], "GFLOP/s", "numpy f32 1024³ matmul")
-    for dt, r in (res.get("torch") or {}).items():
-        if isinstance(r, dict):
-            rec.record(f"torch_{dt}_vision_encode_s", r["seconds"], "s", f"transformers {dt} vision encode, same weights")
-    return rec.save()
-
-
-__all__ = ["bench_vqf", "engine_encode", "engine_encode_fresh", "torch_tower", "torch_encode", "run", "format_table", "record", "GRID"]
+__all__ = ["bench_vqf", "engine_encode", "engine_encode_fresh", "torch_tower", "torch_encode", "run", "format_table", "GRID"]
