@@ -288,9 +288,9 @@ def test_row_interleaved_kernel_is_packed_int16_code():
     K.matvec_q4_r32(nib, sc, xq, np.zeros((1, cols // 32), np.int16), np.ones((1, cols // 32), np.float32),
                     np.empty(rows, np.float32), 2)
     s = K.asm_summary(K.matvec_q4_r32)
-    mnemonics = dict(s["top"])
+    mnemonics = s["ops"]  # every mnemonic: in a threaded kernel the scalar set-up code fills the top 12
     if s["isa"] == "x86_64":
-        assert mnemonics.get("vpmullw", 0) >= 16, mnemonics
+        assert s["packed"].get("vpmullw", 0) >= 16, s["packed"]
         assert mnemonics.get("vpinsrb", 0) == 0, mnemonics
     else:  # aarch64: packed int16 multiply-adds on v-registers, no lane-by-lane inserts
         assert sum(s["packed"].get(op, 0) for op in ("mla", "mul", "smlal", "smlal2", "sdot")) >= 8, s

@@ -1054,7 +1054,7 @@ def parse_asm(asm: str, isa: str | None = None) -> dict:
     ``registers`` (count per register class, widest first: zmm/ymm/xmm on x86, v on aarch64),
     ``packed`` (packed multiply(-add) mnemonics with their counts; on aarch64 only their vector
     forms count, since ``mul``/``mla`` also exist for general registers) and the most frequent
-    mnemonics in ``top``. Taught in day03_2 and day06_1.
+    mnemonics in ``top`` (every mnemonic's count is in ``ops``). Taught in day03_2 and day06_1.
     """
     from collections import Counter
 
@@ -1077,7 +1077,7 @@ def parse_asm(asm: str, isa: str | None = None) -> dict:
         if op in spec["packed"] and (isa.startswith("x86") or isa == "amd64" or cls):
             packed[op] += 1
     return {"isa": isa, "instructions": sum(ops.values()), "vector": vector, "registers": dict(regs),
-            "packed": dict(packed.most_common()), "top": ops.most_common(12)}
+            "packed": dict(packed.most_common()), "top": ops.most_common(12), "ops": dict(ops)}
 
 
 def asm_summary(kernel, signature: int = 0) -> dict:
