@@ -332,10 +332,13 @@ def git_commit() -> str | None:
         return None
 
 
-def git_dirty() -> bool | None:
+def git_dirty(out: Path | None = None) -> bool | None:
+    """Whether the checkout has uncommitted changes, not counting ``out``: the files this run writes."""
+    cmd = ["git", "-C", str(REPO), "status", "--porcelain", "--", "."]
+    if out is not None and out.resolve().is_relative_to(REPO):
+        cmd.append(":(exclude)" + str(out.resolve().relative_to(REPO)))
     try:
-        return bool(subprocess.run(["git", "-C", str(REPO), "status", "--porcelain"], capture_output=True,
-                                   text=True, check=True).stdout.strip())
+        return bool(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip())
     except (OSError, subprocess.CalledProcessError):
         return None
 
@@ -636,6 +639,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     log_lines: list[str] = []
     t_start = time.time()
+    commit, dirty = git_commit(), git_dirty(out)   # what the run starts from
 
     def log(msg: str) -> None:
         line = f"[{time.time() - t_start:7.1f} s] {msg}"
@@ -726,7 +730,7 @@ def main(argv=None) -> int:
         "loss_log": loss_log, "loss_first": loss_log[0][1], "loss_last": loss_log[-1][1],
         "loss_check": {"items": int(check["input_ids"].shape[0]), "used_rows": ours, "transformers": theirs},
         "init": init_info, "parameters": param_counts(model),
-        "seed": args.seed, "versions": env, "git_commit": git_commit(), "git_dirty": git_dirty(),
+        "seed": args.seed, "versions": env, "git_commit": commit, "git_dirty": dirty,
         "deterministic": "torch.use_deterministic_algorithms(True), torch.manual_seed(seed), numpy seeds per picture"}
     if args.no_eval:
         record["total_seconds"] = round(time.time() - t_start, 1)
