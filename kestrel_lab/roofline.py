@@ -364,8 +364,9 @@ def _peak_r32(nib, sc, xq, xc, xd, iters, last):
         last[u, :] = F
 
 
-def _make_peak_v16(vnni: bool):
-    """The same loop over ``Q4_0_V16`` groups (``vpdpbusd`` when ``vnni``, else the portable twin)."""
+def _make_peak_v16(isa: str):
+    """The same loop over ``Q4_0_V16`` groups (``isa``: "vnni", "avx2" or "portable", as
+    ``kernels_v16._make_kernels``)."""
     @njit(parallel=True, fastmath=True, cache=True)
     def peak(nib, sc, xq, xc, xd, iters, last):
         G = nib.shape[0]
@@ -375,23 +376,28 @@ def _make_peak_v16(vnni: bool):
             Si = np.empty(sc.shape[1], np.int32)
             for it in range(iters):
                 g = (it + u) % G
-                if vnni:
+                if isa == "vnni":
                     _V._group_vnni(nib[g], sc[g], xw, xc[0], xd[0], F, Si)
+                elif isa == "avx2":
+                    _V._group_avx2(nib[g], sc[g], xw, xc[0], xd[0], F, Si)
                 else:
                     _V._group_portable(nib[g], sc[g], xw, xc[0], xd[0], F, Si)
             last[u, :] = F
     return peak
 
 
-_peak_v16_vnni = _make_peak_v16(True)
-_peak_v16_portable = _make_peak_v16(False)
+_PEAK_V16 = {  # the V16 kernel's registry isa → (peak loop, the group function it runs)
+    "avx512_vnni": (_make_peak_v16("vnni"), "kernels_v16._group_vnni (vpdpbusd)"),
+    "avx2": (_make_peak_v16("avx2"), "kernels_v16._group_avx2 (vpmaddubsw + vpmaddwd)"),
+    "portable": (_make_peak_v16("portable"), "kernels_v16._group_portable (plain loops)"),
+}
 
 Q4_0_BYTES_PER_WEIGHT = 18 / 32     # fp16 scale + 16 bytes of nibbles per 32 weights
 
 
 def _peak_case(layout: str, cols: int, groups: int, seed: int = 0):
     """Random Q4_0 rows split into ``layout``'s planes, a Q8_0 activation, and the kernel to loop."""
-    from kestrel_lab.engine.registry import host_features
+    from kestrel_lab.engine.registry import select
 
     qr = {"Q4_0_R32": _K.QR, "Q4_0_V16": _V.QV}[layout]
     rng = np.random.default_rng(seed)
@@ -410,9 +416,7 @@ def _peak_case(layout: str, cols: int, groups: int, seed: int = 0):
     else:
         nib, sc = np.empty((groups, nb * _V.BLOCK_BYTES), np.uint8), np.empty((groups, nb * qr), np.uint16)
         _V.repack_q4_0_to_v16(q4, nib, sc, 1)
-        vnni = "avx512_vnni" in host_features()
-        kernel = _peak_v16_vnni if vnni else _peak_v16_portable
-        name = "kernels_v16._group_vnni (vpdpbusd)" if vnni else "kernels_v16._group_portable (plain loops)"
+        kernel, name = _PEAK_V16[select("Q4_0_V16", "one").isa]
     return {"q4": q4, "nib": nib, "sc": sc, "xq": xq, "xc": xc, "xd": xd, "kernel": kernel, "name": name,
             "rows_per_group": qr}
 

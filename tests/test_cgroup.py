@@ -209,34 +209,33 @@ REASON = C.unavailable_reason()
 real = pytest.mark.skipif(REASON is not None, reason=f"no memory cgroup here: {REASON}")
 
 
+def _run_and_check_cleanup(argv, limit, timeout):
+    """C.run in a real cgroup; the parent's folder holds exactly what it held before, on every outcome."""
+    parent = C.detect().parent
+    before = set(os.listdir(parent))
+    r = C.run(argv, limit, timeout=timeout)
+    assert set(os.listdir(parent)) == before
+    return r
+
+
 @real
 def test_real_run_is_inside_and_within_the_limit():
-    h = C.detect()
-    before = set(os.listdir(h.parent))
-    r = C.run([sys.executable, "-c", "b = bytearray(64 << 20); print(open('/proc/self/cgroup').read())"],
-              "512M", timeout=120)
+    r = _run_and_check_cleanup(
+        [sys.executable, "-c", "b = bytearray(64 << 20); print(open('/proc/self/cgroup').read())"], "512M", 120)
     assert r.returncode == 0, r.stderr
     assert r.cgroup.rsplit("/", 1)[-1] in r.stdout           # the child ran inside the new cgroup
     assert r.peak_bytes is None or r.peak_bytes >= 64 << 20
-    assert set(os.listdir(h.parent)) == before
 
 
 @real
 def test_real_allocation_past_the_limit_is_killed_and_cleaned_up():
-    h = C.detect()
-    before = set(os.listdir(h.parent))
-    r = C.run([sys.executable, "-c", "b = bytearray(400 << 20); b[::4096] = b'x' * len(b[::4096])"],
-              "100M", timeout=120)
+    r = _run_and_check_cleanup(
+        [sys.executable, "-c", "b = bytearray(400 << 20); b[::4096] = b'x' * len(b[::4096])"], "100M", 120)
     assert r.returncode != 0
     assert r.oom_kills is None or r.oom_kills >= 1
     assert r.peak_bytes is None or r.peak_bytes <= 100 << 20
-    assert set(os.listdir(h.parent)) == before
 
 
 @real
 def test_real_timeout_is_cleaned_up():
-    h = C.detect()
-    before = set(os.listdir(h.parent))
-    r = C.run(["sleep", "60"], "64M", timeout=0.5)
-    assert r.timed_out
-    assert set(os.listdir(h.parent)) == before
+    assert _run_and_check_cleanup(["sleep", "60"], "64M", 0.5).timed_out

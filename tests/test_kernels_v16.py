@@ -12,6 +12,8 @@ from kestrel_lab.engine import registry
 VNNI = "avx512_vnni" in registry.host_features()
 needs_vnni = pytest.mark.skipif(not VNNI, reason="the host has no AVX-512 VNNI (vpdpbusd): only the portable "
                                                  "Q4_0_V16 kernels can run here")
+AVX2 = "avx2" in registry.host_features()
+needs_avx2 = pytest.mark.skipif(not AVX2, reason="the host has no AVX2 (vpmaddubsw): not an x86 CPU of this decade")
 
 
 def _q4(rows, cols, seed=0):
@@ -83,19 +85,29 @@ def test_portable_block_sums_are_exact():
     assert np.array_equal(got, _by_definition(src, xq, -1234))
 
 
-@needs_vnni
-def test_vnni_block_sums_equal_the_portable_ones_bit_for_bit():
+@pytest.mark.parametrize("block_sums", [pytest.param(V.block16_sums_vnni, marks=needs_vnni, id="vnni"),
+                                        pytest.param(V.block16_sums_avx2, marks=needs_avx2, id="avx2")])
+def test_x86_block_sums_equal_the_portable_ones_bit_for_bit(block_sums):
     src = _q4(64, 256, seed=3)
     nib, _ = _v16(src)
     xq, _, _ = _act(1, 256, seed=4)
-    xq[0, :8] = -128                                                  # the extremes of both operands
+    # The int8 extremes against nibble 15 over whole blocks: AVX2 adds the 8 words' vpmaddubsw pair sums
+    # in int16 before widening, and here each int16 lane reaches its largest magnitude (8·2·15·(−128) =
+    # −30,720 and 8·2·15·127 = 30,480, within ±32,767); a row holds two such lanes.
+    nib[0, :2 * V.BLOCK_BYTES] = 0xFF
+    xq[0, :32] = -128
+    xq[0, 32:64] = 127
     xw = xq[0].view(np.int32)
-    assert np.array_equal(_block_sums(V.block16_sums_vnni, nib, xw, 8), _block_sums(V.block16_sums_portable, nib, xw, 8))
+    want = _block_sums(V.block16_sums_portable, nib, xw, 8)
+    assert want[0, 0, 0] == -1234 - 2 * 30720 and want[0, 1, 0] == -1234 + 2 * 30480
+    assert np.array_equal(_block_sums(block_sums, nib, xw, 8), want)
 
 
 KERNELS = [("portable", V.matvec_q4_v16, V.matvec3_q4_v16, V.matvec_swiglu_q4_v16, V.matmul_q4_v16),
            pytest.param("vnni", V.matvec_q4_v16_vnni, V.matvec3_q4_v16_vnni, V.matvec_swiglu_q4_v16_vnni,
-                        V.matmul_q4_v16_vnni, marks=needs_vnni)]
+                        V.matmul_q4_v16_vnni, marks=needs_vnni),
+           pytest.param("avx2", V.matvec_q4_v16_avx2, V.matvec3_q4_v16_avx2, V.matvec_swiglu_q4_v16_avx2,
+                        V.matmul_q4_v16_avx2, marks=needs_avx2)]
 
 
 @pytest.mark.parametrize("isa, matvec, matvec3, swiglu, matmul", KERNELS)
@@ -170,3 +182,33 @@ def test_the_vnni_prefill_kernel_compiles_to_vpdpbusd_for_an_avx512_vnni_cpu(tmp
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), **AVX512_VNNI_CPU)
     n = subprocess.run([sys.executable, "-c", _COMPILE_VNNI], env=env, capture_output=True, text=True, check=True)
     assert int(n.stdout.split()[-1]) >= 40, n.stdout
+
+
+
+_COMPILE_AVX2 = r'''
+from numba import njit, types as T
+from kestrel_lab.engine import kernels as K, kernels_v16 as V
+a2 = lambda dt: T.Array(dt, 2, "C")
+sig = (a2(T.uint8), a2(T.uint16), a2(T.int8), a2(T.int16), a2(T.float32), a2(T.float32), T.int64)
+f = njit(parallel=True, fastmath=True)(V.matmul_q4_v16_avx2.py_func)
+f.compile(sig)
+s = K.parse_asm(f.inspect_asm(sig), "x86_64")
+print(s["packed"].get("vpmaddubsw", 0), s["packed"].get("vpmaddwd", 0), s["registers"]["zmm"], s["packed"].get("vpdpbusd", 0))
+'''
+AVX2_CPU = {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx2,+avx,+fma,+f16c,+bmi,+bmi2,+popcnt,+sse4.2,+lzcnt,+movbe"}
+
+
+@pytest.mark.skipif(K.host_isa() != "x86_64", reason="the AVX2 kernels are x86 code")
+def test_the_avx2_prefill_kernel_compiles_to_vpmaddubsw_on_ymm_for_an_avx2_cpu(tmp_path):
+    """Compiled for an AVX2-only CPU (Haswell; AMD Zen 2/3 are the same ISA), each 512-bit vector is two
+    ymm halves: 16 ``vpmaddubsw`` and 2 ``vpmaddwd`` per token and block, 4 tokens in ``block16x4_fma``
+    plus 1 for the remainder — and no zmm register, no ``vpdpbusd``. (On an AVX-512 host LLVM keeps the
+    same code in zmm registers: half as many ``vpmaddubsw``.)"""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), **AVX2_CPU)
+    out = subprocess.run([sys.executable, "-c", _COMPILE_AVX2], env=env, capture_output=True, text=True, check=True)
+    maddubs, maddwd, zmm, dpbusd = map(int, out.stdout.split()[-4:])
+    assert maddubs >= 16 * 5 and maddwd >= 2 * 5 and zmm == 0 and dpbusd == 0, out.stdout

@@ -167,10 +167,12 @@ def kernel_speeds(threads: int, rows: int = 98_304, cols: int = 1024, repeat: in
             "q4_0 r32 (32 rows interleaved)": (
                 nib.nbytes + sc.nbytes, lambda: K.matvec_q4_r32(nib, sc, xq, xc, xd, out, K.n_chunks(rows // K.QR))),
         }
-        if "avx512_vnni" in host_features():
-            cases["q4_0 v16 (16 rows, vpdpbusd)"] = (
-                nib16.nbytes + sc16.nbytes,
-                lambda: V.matvec_q4_v16_vnni(nib16, sc16, xq, xc, xd, out, K.n_chunks(rows // V.QV)))
+        for isa, label, kernel in (("avx512_vnni", "vpdpbusd", V.matvec_q4_v16_vnni),
+                                   ("avx2", "vpmaddubsw", V.matvec_q4_v16_avx2)):
+            if isa in host_features():
+                cases[f"q4_0 v16 (16 rows, {label})"] = (
+                    nib16.nbytes + sc16.nbytes,
+                    lambda kernel=kernel: kernel(nib16, sc16, xq, xc, xd, out, K.n_chunks(rows // V.QV)))
         for name, (nbytes, fn) in cases.items():
             fn()
             best = min(_timed(fn) for _ in range(repeat))

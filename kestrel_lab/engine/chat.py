@@ -26,11 +26,11 @@ Taught in day14_1 (the template and the thinking switch) and day14_2 (multi-turn
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from kestrel_lab.chat_blocks import qwen3_tool_calls, tojson, tool_response, tools_section
 from kestrel_lab.engine.generate import ENDOFTEXT, IM_END, STOP_IDS, TurnStats, _max_context, run_turn
 from kestrel_lab.engine.sample import Sampler, SamplingParams
 
@@ -64,29 +64,6 @@ def _check_messages(messages: Sequence[dict]) -> None:
         raise ValueError("chat template: messages[0] is a system message without text content")
 
 
-def _tojson(obj) -> str:
-    # transformers' `tojson` filter: json.dumps with ensure_ascii=False and default separators.
-    return json.dumps(obj, ensure_ascii=False)
-
-
-def _tools_text(tools) -> str:
-    """The tools section both Qwen templates put in the system turn (from "# Tools" to its <|im_end|>)."""
-    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-            "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
-            + "".join("\n" + _tojson(tool) for tool in tools)
-            + "\n</tools>\n\nFor each function call, return a json object with function name and "
-              "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
-              "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n")
-
-
-def _tool_response(messages: Sequence[dict], i: int, content: str) -> str:
-    """Tool message ``i`` as both Qwen templates write it: consecutive tool messages share one user turn."""
-    first = i == 0 or messages[i - 1]["role"] != "tool"
-    last = i == len(messages) - 1 or messages[i + 1]["role"] != "tool"
-    return (("<|im_start|>user" if first else "") + "\n<tool_response>\n" + content + "\n</tool_response>"
-            + ("<|im_end|>\n" if last else ""))
-
-
 def split_reasoning(content: str) -> tuple[str, str]:
     """Split an assistant text into (reasoning, answer) the way Qwen3's template does.
 
@@ -114,7 +91,7 @@ def render(messages: Sequence[dict], *, add_generation_prompt: bool = True, enab
         out.append("<|im_start|>system\n")
         if first["role"] == "system":
             out.append(first["content"] + "\n\n")
-        out.append(_tools_text(tools))
+        out.append(tools_section(tools))
     elif first["role"] == "system":
         out.append("<|im_start|>system\n" + first["content"] + "<|im_end|>\n")
 
@@ -147,17 +124,10 @@ def render(messages: Sequence[dict], *, add_generation_prompt: bool = True, enab
                            + content.lstrip("\n"))
             else:
                 out.append(f"<|im_start|>{role}\n{content}")
-            for j, call in enumerate(m.get("tool_calls") or ()):
-                if (j == 0 and content) or j > 0:
-                    out.append("\n")
-                if call.get("function"):
-                    call = call["function"]
-                args = call["arguments"]
-                out.append('<tool_call>\n{"name": "' + str(call["name"]) + '", "arguments": '
-                           + (args if isinstance(args, str) else _tojson(args)) + "}\n</tool_call>")
+            out.append(qwen3_tool_calls(m.get("tool_calls") or (), after_text=bool(content)))
             out.append("<|im_end|>\n")
         elif role == "tool":
-            out.append(_tool_response(messages, i, content))
+            out.append(tool_response(messages, i, content))
     if add_generation_prompt:
         out.append("<|im_start|>assistant\n")
         if not enable_thinking:
@@ -183,10 +153,9 @@ def render_qwen2(messages: Sequence[dict], *, add_generation_prompt: bool = True
     system = first["content"] if first["role"] == "system" else QWEN2_DEFAULT_SYSTEM
     if tools:
         out.append("<|im_start|>system\n" + system)
-        out.append("\n\n" + _tools_text(tools))
+        out.append("\n\n" + tools_section(tools))
     else:
         out.append("<|im_start|>system\n" + system + "<|im_end|>\n")
-    n = len(messages)
     for i, m in enumerate(messages):
         role = m["role"]
         content = m.get("content") if isinstance(m.get("content"), str) else ""
@@ -201,10 +170,10 @@ def render_qwen2(messages: Sequence[dict], *, add_generation_prompt: bool = True
                 if call.get("function"):
                     call = call["function"]
                 out.append('\n<tool_call>\n{"name": "' + str(call["name"]) + '", "arguments": '
-                           + _tojson(call["arguments"]) + "}\n</tool_call>")
+                           + tojson(call["arguments"]) + "}\n</tool_call>")
             out.append("<|im_end|>\n")
         elif role == "tool":
-            out.append(_tool_response(messages, i, content))
+            out.append(tool_response(messages, i, content))
     if add_generation_prompt:
         out.append("<|im_start|>assistant\n")
     return "".join(out)

@@ -1,4 +1,4 @@
-"""Q4_0 × Q8_0 with ``vpdpbusd`` (AVX-512 VNNI): the 16-row layout and its kernels.
+"""Q4_0 × Q8_0 with ``vpdpbusd`` (AVX-512 VNNI) or ``vpmaddubsw`` (AVX2): the 16-row layout and its kernels.
 
 ``kernels.matvec_q4_r32`` makes rows its SIMD lanes but still multiplies in int16: per 32 weights of
 32 rows it spends a load, an AND, a shift, two ``vpmullw`` and two ``vpaddw`` per column. VNNI's
@@ -22,8 +22,14 @@ float accumulator. Prefill (``matmul``) goes four tokens at a time through ``blo
 block's 4 loads, ANDs and shifts are done once and its 8 nibble vectors stay in registers for the
 four tokens' 32 ``vpdpbusd`` (the ``T % 4`` tokens left over go one by one).
 
+**AVX2 hosts** (no VNNI: AMD Zen 2/3, Intel before Ice Lake) get the same layout and kernels with
+another block: ``vpmaddubsw`` (u8 × s8, adjacent pairs summed into int16) and one ``vpmaddwd`` by ones
+per block turn the same bytes into the same exact int32 sums (``_block_dot_ir``); LLVM splits each
+512-bit vector into two ymm halves there, and keeps it in zmm registers on an AVX-512 host.
+
 Every kernel has a **portable** twin on the same layout (plain loops, any CPU) that computes the same
-exact integer sums; the registry picks the VNNI one where the host reports ``avx512_vnni``. The
+exact integer sums; the registry picks the VNNI one where the host reports ``avx512_vnni``, else the
+AVX2 one where it reports ``avx2``. The
 intrinsic names an x86 instruction: on another ISA it is never compiled, because the registry never
 selects it there (numba compiles on first call). Taught in day06_1 (the intrinsic), day06_3 (the layout
 table) and day07_1 (the same pattern with 4 rows: the A76's ``q4_0_4x4``).
@@ -42,7 +48,9 @@ QV = 16                     # rows per group: one int32 lane of a 512-bit regist
 BLOCK_BYTES = 16 * QV       # nibble bytes of one block of a group (4 chunks of 64)
 _I8, _I32, _F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
 _V64I8, _V16I32, _V16F = ir.VectorType(_I8, 64), ir.VectorType(_I32, 16), ir.VectorType(_F32, 16)
+_V32I8, _V16I16, _V8I32 = ir.VectorType(_I8, 32), ir.VectorType(ir.IntType(16), 16), ir.VectorType(_I32, 8)
 _LANES0 = ir.Constant(ir.VectorType(_I32, 16), [0] * 16)
+ISAS = ("vnni", "avx2")     # the x86 forms of the block: ``vpdpbusd``, or ``vpmaddubsw`` + ``vpmaddwd``
 
 
 # ------------------------------------------------------------------------------ the layout
@@ -68,134 +76,170 @@ def repack_q4_0_to_v16(src, nib, sc, nchunk):
                             nib[g, b * BLOCK_BYTES + 64 * k + 4 * r + i] = row[s + 2 + 4 * k + i]
 
 
-# ------------------------------------------------------------------------------ the VNNI block
-def _block_sums_ir(context, builder, wptr, wo, xptr, xo, c):
-    """IR for the 16 int32 sums ``c + Σ_j q_rj·x_j`` of one block: 4 loads, 8 ``vpdpbusd``."""
-    dpbusd = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(_V16I32, [_V16I32, _V16I32, _V16I32]), "llvm.x86.avx512.vpdpbusd.512")
+# ------------------------------------------------------------------------------ the x86 block
+def _block_dot_ir(builder, isa, acc, q, x):
+    """IR for ``acc + Σ_word q[word]·x[word]`` over a block's 8 words: in each of the 16 int32 lanes
+    (one row), the four u8 nibbles × four s8 activations of every word, summed exactly.
 
-    def splat(v, vt):
-        t = builder.insert_element(ir.Constant(vt, ir.Undefined), v, ir.Constant(_I32, 0))
-        return builder.shuffle_vector(t, ir.Constant(vt, ir.Undefined), _LANES0)
+    ``q``: 8 (16 × i32) nibble vectors, ``x``: the 8 activation words broadcast to 16 lanes.
+    ``vnni``: 8 chained ``vpdpbusd``. ``avx2`` (256-bit registers, no VNNI): the 512-bit vectors in two
+    halves; ``vpmaddubsw`` gives int16 sums of byte pairs (at most 2·15·128 = 3,840 in magnitude), the
+    8 words' pair sums are added in int16 (at most 30,720: no overflow, so exact), and one
+    ``vpmaddwd`` by ones per half turns each row's two int16 into its int32 sum: 16 ``vpmaddubsw``,
+    14 ``vpaddw`` and 2 ``vpmaddwd`` for what VNNI does in 8 — llama.cpp's AVX2 ``mul_sum_us8_pairs``
+    trick, without its per-word ``vpmaddwd``."""
+    if isa == "vnni":
+        dpbusd = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_V16I32, [_V16I32, _V16I32, _V16I32]), "llvm.x86.avx512.vpdpbusd.512")
+        for qw, xw in zip(q, x):
+            acc = builder.call(dpbusd, [acc, qw, xw])
+        return acc
+    if isa != "avx2":
+        raise ValueError(f"isa {isa!r}: expected one of {ISAS}")
+    maddubs = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(_V16I16, [_V32I8, _V32I8]), "llvm.x86.avx2.pmadd.ub.sw")
+    maddwd = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(_V8I32, [_V16I16, _V16I16]), "llvm.x86.avx2.pmadd.wd")
+    undef = ir.Constant(_V64I8, ir.Undefined)
+    ones = ir.Constant(_V16I16, [1] * 16)
+    halves = []
+    for h in range(2):
+        lanes = ir.Constant(ir.VectorType(_I32, 32), list(range(32 * h, 32 * h + 32)))
+        pairs = None
+        for qw, xw in zip(q, x):
+            qh = builder.shuffle_vector(builder.bitcast(qw, _V64I8), undef, lanes)
+            xh = builder.shuffle_vector(builder.bitcast(xw, _V64I8), undef, lanes)
+            p = builder.call(maddubs, [qh, xh])
+            pairs = p if pairs is None else builder.add(pairs, p)
+        halves.append(builder.call(maddwd, [pairs, ones]))
+    both = builder.shuffle_vector(halves[0], halves[1], ir.Constant(ir.VectorType(_I32, 16), list(range(16))))
+    return builder.add(acc, both)
 
-    acc = splat(c, _V16I32)
-    low = ir.Constant(_V64I8, [0x0F] * 64)
-    four = ir.Constant(_V64I8, [4] * 64)
+
+def _splat(builder, v, vt):
+    t = builder.insert_element(ir.Constant(vt, ir.Undefined), v, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(t, ir.Constant(vt, ir.Undefined), _LANES0)
+
+
+def _nibbles_ir(builder, wptr, wo):
+    """The block's 8 nibble vectors of 16 rows: word ``k`` (low nibbles of chunk ``k``) and ``k + 4``
+    (its high nibbles), from 4 loads of 64 bytes, 4 ANDs and 4 shifts."""
+    low, four = ir.Constant(_V64I8, [0x0F] * 64), ir.Constant(_V64I8, [4] * 64)
+    q = [None] * 8
     for k in range(4):
         p = builder.gep(wptr, [builder.add(wo, ir.Constant(wo.type, 64 * k))])
-        w = builder.load(builder.bitcast(p, _V64I8.as_pointer()), align=1)
-        for word, q in ((k, builder.and_(w, low)), (k + 4, builder.lshr(w, four))):
-            xw = builder.load(builder.gep(xptr, [builder.add(xo, ir.Constant(xo.type, word))]), align=4)
-            acc = builder.call(dpbusd, [acc, builder.bitcast(q, _V16I32), splat(xw, _V16I32)])
-    return acc, splat
+        v = builder.load(builder.bitcast(p, _V64I8.as_pointer()), align=1)
+        q[k] = builder.bitcast(builder.and_(v, low), _V16I32)
+        q[k + 4] = builder.bitcast(builder.lshr(v, four), _V16I32)
+    return q
+
+
+def _block_sums_ir(builder, isa, wptr, wo, xptr, xo, c):
+    """IR for the 16 int32 sums ``c + Σ_j q_rj·x_j`` of one block."""
+    x = [_splat(builder, builder.load(builder.gep(xptr, [builder.add(xo, ir.Constant(xo.type, word))]), align=4),
+                _V16I32) for word in range(8)]
+    return _block_dot_ir(builder, isa, _splat(builder, c, _V16I32), _nibbles_ir(builder, wptr, wo), x)
 
 
 def _is(t, dtype) -> bool:
     return isinstance(t, types.Array) and t.dtype == dtype and t.layout == "C" and t.ndim == 1
 
 
-@intrinsic
-def block16_sums(typingctx, w, wo, x, xo, c, out):
-    """``out[0:16] = c + Σ_j q_rj·x_j`` for the 16 rows of one ``Q4_0_V16`` block (``w[wo:wo+256]``),
-    ``x`` the activation's int8 values viewed as int32 words (the block's 8 words at ``xo``): the
-    exact integer sums, which tests compare with the portable kernel's. Taught in day06_1."""
-    if not (_is(w, types.uint8) and _is(x, types.int32) and _is(out, types.int32)
-            and isinstance(wo, types.Integer) and isinstance(xo, types.Integer) and c == types.int32):
-        return None
+def _make_intrinsics(isa: str):
+    """``block16_sums``, ``block16_fma`` and ``block16x4_fma`` for one x86 form of the block (``ISAS``)."""
 
-    def codegen(context, builder, sig, args):
-        wa, wo_, xa, xo_, c_, oa = args
-        wt, _, xt, _, _, ot = sig.args
-        wptr = context.make_array(wt)(context, builder, wa).data
-        xptr = context.make_array(xt)(context, builder, xa).data
-        optr = context.make_array(ot)(context, builder, oa).data
-        acc, _ = _block_sums_ir(context, builder, wptr, wo_, xptr, xo_, c_)
-        builder.store(acc, builder.bitcast(optr, _V16I32.as_pointer()), align=4)
-        return context.get_dummy_value()
-    return types.void(w, wo, x, xo, c, out), codegen
+    @intrinsic
+    def block16_sums(typingctx, w, wo, x, xo, c, out):
+        """``out[0:16] = c + Σ_j q_rj·x_j`` for the 16 rows of one ``Q4_0_V16`` block (``w[wo:wo+256]``),
+        ``x`` the activation's int8 values viewed as int32 words (the block's 8 words at ``xo``): the
+        exact integer sums, which tests compare with the portable kernel's. Taught in day06_1."""
+        if not (_is(w, types.uint8) and _is(x, types.int32) and _is(out, types.int32)
+                and isinstance(wo, types.Integer) and isinstance(xo, types.Integer) and c == types.int32):
+            return None
+
+        def codegen(context, builder, sig, args):
+            wa, wo_, xa, xo_, c_, oa = args
+            wt, _, xt, _, _, ot = sig.args
+            wptr = context.make_array(wt)(context, builder, wa).data
+            xptr = context.make_array(xt)(context, builder, xa).data
+            optr = context.make_array(ot)(context, builder, oa).data
+            acc = _block_sums_ir(builder, isa, wptr, wo_, xptr, xo_, c_)
+            builder.store(acc, builder.bitcast(optr, _V16I32.as_pointer()), align=4)
+            return context.get_dummy_value()
+        return types.void(w, wo, x, xo, c, out), codegen
+
+    @intrinsic
+    def block16_fma(typingctx, w, wo, x, xo, c, s, so, dx, F):
+        """``F[0:16] += float(c + Σ_j q_rj·x_j) · (s[so:so+16] · dx)`` for one block of 16 rows, kept in
+        registers from the integer sum to the float accumulator (``s``: the rows' scales as float32
+        divided by 2^112, ``dx`` the activation scale × 2^112, as in ``kernels._r32_block``)."""
+        if not (_is(w, types.uint8) and _is(x, types.int32) and _is(s, types.float32) and _is(F, types.float32)
+                and isinstance(wo, types.Integer) and isinstance(xo, types.Integer)
+                and isinstance(so, types.Integer) and c == types.int32 and dx == types.float32):
+            return None
+
+        def codegen(context, builder, sig, args):
+            wa, wo_, xa, xo_, c_, sa, so_, dx_, Fa = args
+            wt, _, xt, _, _, st, _, _, Ft = sig.args
+            wptr = context.make_array(wt)(context, builder, wa).data
+            xptr = context.make_array(xt)(context, builder, xa).data
+            sptr = context.make_array(st)(context, builder, sa).data
+            fptr = builder.bitcast(context.make_array(Ft)(context, builder, Fa).data, _V16F.as_pointer())
+            acc = _block_sums_ir(builder, isa, wptr, wo_, xptr, xo_, c_)
+            scale = builder.load(builder.bitcast(builder.gep(sptr, [so_]), _V16F.as_pointer()), align=4)
+            prod = builder.fmul(builder.sitofp(acc, _V16F), builder.fmul(scale, _splat(builder, dx_, _V16F)))
+            builder.store(builder.fadd(builder.load(fptr, align=4), prod), fptr, align=4)
+            return context.get_dummy_value()
+        return types.void(w, wo, x, xo, c, s, so, dx, F), codegen
+
+    @intrinsic
+    def block16x4_fma(typingctx, w, wo, x, xo, xs, xc, co, cs, s, so, xd, F, fo):
+        """``block16_fma`` for **four tokens** at once: the group's block is loaded and split into its 8
+        nibble vectors once (4 loads, 4 ANDs, 4 shifts), then stays in registers while each of the four
+        tokens spends its block dot on it. Per-token ``block16_fma`` repeats the loads and the split
+        for every token, so a prefill matmul spent a third of its instructions unpacking the same bytes.
+
+        Token ``i`` (0…3) reads its 8 activation words at ``x[xo + i·xs]``, its ``−8·Σx`` at
+        ``xc[co + i·cs]`` (int16), its scale at ``xd[co + i·cs]`` (float32, multiplied by 2^112 here) and
+        accumulates into ``F[fo + 16·i : fo + 16·i + 16]``. The float operations per token are
+        ``block16_fma``'s, in the same order, so the results are the same float32 bits."""
+        if not (_is(w, types.uint8) and _is(x, types.int32) and _is(xc, types.int16) and _is(s, types.float32)
+                and _is(xd, types.float32) and _is(F, types.float32)
+                and all(isinstance(a, types.Integer) for a in (wo, xo, xs, co, cs, so, fo))):
+            return None
+
+        def codegen(context, builder, sig, args):
+            wa, wo_, xa, xo_, xs_, ca, co_, cs_, sa, so_, da, Fa, fo_ = args
+            ptr = [context.make_array(t)(context, builder, a).data
+                   for t, a in zip(sig.args, args) if isinstance(t, types.Array)]
+            wptr, xptr, cptr, sptr, dptr, fptr = ptr
+            i64 = ir.IntType(64)
+
+            def nth(base, i, stride):          # base + i·stride as an i64 index
+                return builder.add(builder.sext(base, i64), builder.mul(ir.Constant(i64, i), stride))
+
+            q = _nibbles_ir(builder, wptr, wo_)
+            scale = builder.load(builder.bitcast(builder.gep(sptr, [so_]), _V16F.as_pointer()), align=4)
+            xs64, cs64 = builder.sext(xs_, i64), builder.sext(cs_, i64)
+            for i in range(4):
+                c = builder.sext(builder.load(builder.gep(cptr, [nth(co_, i, cs64)])), _I32)
+                dx = builder.fmul(builder.load(builder.gep(dptr, [nth(co_, i, cs64)])),
+                                  ir.Constant(_F32, float(K.F16_SCALE)))
+                xo_i = nth(xo_, i, xs64)
+                x = [_splat(builder, builder.load(builder.gep(xptr, [builder.add(xo_i, ir.Constant(i64, word))]),
+                                                  align=4), _V16I32) for word in range(8)]
+                acc = _block_dot_ir(builder, isa, _splat(builder, c, _V16I32), q, x)
+                fp = builder.bitcast(builder.gep(fptr, [nth(fo_, i, ir.Constant(i64, QV))]), _V16F.as_pointer())
+                prod = builder.fmul(builder.sitofp(acc, _V16F), builder.fmul(scale, _splat(builder, dx, _V16F)))
+                builder.store(builder.fadd(builder.load(fp, align=4), prod), fp, align=4)
+            return context.get_dummy_value()
+        return types.void(*(w, wo, x, xo, xs, xc, co, cs, s, so, xd, F, fo)), codegen
+
+    return block16_sums, block16_fma, block16x4_fma
 
 
-@intrinsic
-def block16_fma(typingctx, w, wo, x, xo, c, s, so, dx, F):
-    """``F[0:16] += float(c + Σ_j q_rj·x_j) · (s[so:so+16] · dx)`` for one block of 16 rows, kept in
-    registers from the integer sum to the float accumulator (``s``: the rows' scales as float32
-    divided by 2^112, ``dx`` the activation scale × 2^112, as in ``kernels._r32_block``)."""
-    if not (_is(w, types.uint8) and _is(x, types.int32) and _is(s, types.float32) and _is(F, types.float32)
-            and isinstance(wo, types.Integer) and isinstance(xo, types.Integer)
-            and isinstance(so, types.Integer) and c == types.int32 and dx == types.float32):
-        return None
-
-    def codegen(context, builder, sig, args):
-        wa, wo_, xa, xo_, c_, sa, so_, dx_, Fa = args
-        wt, _, xt, _, _, st, _, _, Ft = sig.args
-        wptr = context.make_array(wt)(context, builder, wa).data
-        xptr = context.make_array(xt)(context, builder, xa).data
-        sptr = context.make_array(st)(context, builder, sa).data
-        fptr = builder.bitcast(context.make_array(Ft)(context, builder, Fa).data, _V16F.as_pointer())
-        acc, splat = _block_sums_ir(context, builder, wptr, wo_, xptr, xo_, c_)
-        scale = builder.load(builder.bitcast(builder.gep(sptr, [so_]), _V16F.as_pointer()), align=4)
-        prod = builder.fmul(builder.sitofp(acc, _V16F), builder.fmul(scale, splat(dx_, _V16F)))
-        builder.store(builder.fadd(builder.load(fptr, align=4), prod), fptr, align=4)
-        return context.get_dummy_value()
-    return types.void(w, wo, x, xo, c, s, so, dx, F), codegen
-
-
-@intrinsic
-def block16x4_fma(typingctx, w, wo, x, xo, xs, xc, co, cs, s, so, xd, F, fo):
-    """``block16_fma`` for **four tokens** at once: the group's block is loaded and split into its 8
-    nibble vectors once (4 loads, 4 ANDs, 4 shifts), then stays in registers while each of the four
-    tokens spends its 8 ``vpdpbusd`` on it. Per-token ``block16_fma`` repeats the loads and the split
-    for every token, so a prefill matmul spent a third of its instructions unpacking the same bytes.
-
-    Token ``i`` (0…3) reads its 8 activation words at ``x[xo + i·xs]``, its ``−8·Σx`` at
-    ``xc[co + i·cs]`` (int16), its scale at ``xd[co + i·cs]`` (float32, multiplied by 2^112 here) and
-    accumulates into ``F[fo + 16·i : fo + 16·i + 16]``. The float operations per token are
-    ``block16_fma``'s, in the same order, so the results are the same float32 bits."""
-    if not (_is(w, types.uint8) and _is(x, types.int32) and _is(xc, types.int16) and _is(s, types.float32)
-            and _is(xd, types.float32) and _is(F, types.float32)
-            and all(isinstance(a, types.Integer) for a in (wo, xo, xs, co, cs, so, fo))):
-        return None
-
-    def codegen(context, builder, sig, args):
-        wa, wo_, xa, xo_, xs_, ca, co_, cs_, sa, so_, da, Fa, fo_ = args
-        ptr = [context.make_array(t)(context, builder, a).data
-               for t, a in zip(sig.args, args) if isinstance(t, types.Array)]
-        wptr, xptr, cptr, sptr, dptr, fptr = ptr
-        dpbusd = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(_V16I32, [_V16I32, _V16I32, _V16I32]), "llvm.x86.avx512.vpdpbusd.512")
-
-        def splat(v, vt):
-            t = builder.insert_element(ir.Constant(vt, ir.Undefined), v, ir.Constant(_I32, 0))
-            return builder.shuffle_vector(t, ir.Constant(vt, ir.Undefined), _LANES0)
-
-        i64 = ir.IntType(64)
-
-        def nth(base, i, stride):          # base + i·stride as an i64 index
-            return builder.add(builder.sext(base, i64), builder.mul(ir.Constant(i64, i), stride))
-
-        low, four = ir.Constant(_V64I8, [0x0F] * 64), ir.Constant(_V64I8, [4] * 64)
-        q = [None] * 8                    # the block's nibbles: word k (low) and k + 4 (high) of 16 rows
-        for k in range(4):
-            p = builder.gep(wptr, [builder.add(wo_, ir.Constant(wo_.type, 64 * k))])
-            v = builder.load(builder.bitcast(p, _V64I8.as_pointer()), align=1)
-            q[k] = builder.bitcast(builder.and_(v, low), _V16I32)
-            q[k + 4] = builder.bitcast(builder.lshr(v, four), _V16I32)
-        scale = builder.load(builder.bitcast(builder.gep(sptr, [so_]), _V16F.as_pointer()), align=4)
-        xs64, cs64 = builder.sext(xs_, i64), builder.sext(cs_, i64)
-        for i in range(4):
-            c = builder.sext(builder.load(builder.gep(cptr, [nth(co_, i, cs64)])), _I32)
-            dx = builder.fmul(builder.load(builder.gep(dptr, [nth(co_, i, cs64)])),
-                              ir.Constant(_F32, float(K.F16_SCALE)))
-            acc = splat(c, _V16I32)
-            xo_i = nth(xo_, i, xs64)
-            for word in range(8):
-                xw = builder.load(builder.gep(xptr, [builder.add(xo_i, ir.Constant(i64, word))]), align=4)
-                acc = builder.call(dpbusd, [acc, q[word], splat(xw, _V16I32)])
-            fp = builder.bitcast(builder.gep(fptr, [nth(fo_, i, ir.Constant(i64, QV))]), _V16F.as_pointer())
-            prod = builder.fmul(builder.sitofp(acc, _V16F), builder.fmul(scale, splat(dx, _V16F)))
-            builder.store(builder.fadd(builder.load(fp, align=4), prod), fp, align=4)
-        return context.get_dummy_value()
-    return types.void(*(w, wo, x, xo, xs, xc, co, cs, s, so, xd, F, fo)), codegen
+block16_sums, block16_fma, block16x4_fma = _make_intrinsics("vnni")
+block16_sums_avx2_, block16_fma_avx2, block16x4_fma_avx2 = _make_intrinsics("avx2")
 
 
 @njit(cache=True)
@@ -204,6 +248,12 @@ def block16_sums_vnni(w, wo, x, xo, c, out):
 
     Taught in day06_1 and day06_3."""
     block16_sums(w, wo, x, xo, c, out)
+
+
+@njit(cache=True)
+def block16_sums_avx2(w, wo, x, xo, c, out):
+    """``block16_sums`` with ``vpmaddubsw`` + ``vpmaddwd`` (AVX2 hosts without VNNI), callable from Python."""
+    block16_sums_avx2_(w, wo, x, xo, c, out)
 
 
 # ------------------------------------------------------------------------------ the portable block
@@ -282,6 +332,16 @@ def _group_vnni(nib, sc, xw, xc, xd, F, Si):
 
 
 @njit(fastmath=True, cache=True, inline="always")
+def _group_avx2(nib, sc, xw, xc, xd, F, Si):
+    """``_group_vnni`` with ``vpmaddubsw`` + ``vpmaddwd``."""
+    Sf = Si.view(np.float32)
+    _scales(sc, Si)
+    F[:] = 0
+    for b in range(xd.shape[0]):
+        block16_fma_avx2(nib, b * BLOCK_BYTES, xw, b * 8, np.int32(xc[b]), Sf, b * QV, xd[b] * K.F16_SCALE, F)
+
+
+@njit(fastmath=True, cache=True, inline="always")
 def _group_portable(nib, sc, xw, xc, xd, F, Si):
     """``_group_vnni`` in plain loops."""
     Sf = Si.view(np.float32)
@@ -291,12 +351,13 @@ def _group_portable(nib, sc, xw, xc, xd, F, Si):
         block16_fma_portable(nib, b * BLOCK_BYTES, xw, b * 8, np.int32(xc[b]), Sf, b * QV, xd[b] * K.F16_SCALE, F)
 
 
-def _make_kernels(vnni: bool):
-    """matvec / three matvecs / SwiGLU / matmul on ``Q4_0_V16``, with ``vpdpbusd`` when ``vnni``.
+def _make_kernels(isa: str):
+    """matvec / three matvecs / SwiGLU / matmul on ``Q4_0_V16``: ``isa`` "vnni" (``vpdpbusd``), "avx2"
+    (``vpmaddubsw`` + ``vpmaddwd``) or "portable" (plain loops).
 
-    One body, two compiled variants: numba freezes the closure's ``vnni`` and prunes the branch not
-    taken before typing, so the portable variant never meets the x86 intrinsic (and compiles on any
-    CPU), and the closure holds only a bool, which keeps numba's on-disk cache key stable."""
+    One body, three compiled variants: numba freezes the closure's ``isa`` and prunes the branches not
+    taken before typing, so the portable variant never meets an x86 intrinsic (and compiles on any
+    CPU), and the closure holds only a str, which keeps numba's on-disk cache key stable."""
 
     @njit(parallel=True, fastmath=True, cache=True)
     def matvec(nib, sc, xq, xc, xd, out, nchunk):
@@ -307,8 +368,10 @@ def _make_kernels(vnni: bool):
             F = np.empty(QV, np.float32)
             Si = np.empty(sc.shape[1], np.int32)
             for g in range(c * step, min(ng, c * step + step)):
-                if vnni:
+                if isa == "vnni":
                     _group_vnni(nib[g], sc[g], xw, xc[0], xd[0], F, Si)
+                elif isa == "avx2":
+                    _group_avx2(nib[g], sc[g], xw, xc[0], xd[0], F, Si)
                 else:
                     _group_portable(nib[g], sc[g], xw, xc[0], xd[0], F, Si)
                 out[g * QV:(g + 1) * QV] = F
@@ -324,22 +387,28 @@ def _make_kernels(vnni: bool):
             Si = np.empty(sa.shape[1], np.int32)
             for g in range(c * step, min(ng, c * step + step)):
                 if g < ga:
-                    if vnni:
+                    if isa == "vnni":
                         _group_vnni(na_[g], sa[g], xw, xc[0], xd[0], F, Si)
+                    elif isa == "avx2":
+                        _group_avx2(na_[g], sa[g], xw, xc[0], xd[0], F, Si)
                     else:
                         _group_portable(na_[g], sa[g], xw, xc[0], xd[0], F, Si)
                     oa[g * QV:(g + 1) * QV] = F
                 elif g < ga + gb:
                     h = g - ga
-                    if vnni:
+                    if isa == "vnni":
                         _group_vnni(nb_[h], sb[h], xw, xc[0], xd[0], F, Si)
+                    elif isa == "avx2":
+                        _group_avx2(nb_[h], sb[h], xw, xc[0], xd[0], F, Si)
                     else:
                         _group_portable(nb_[h], sb[h], xw, xc[0], xd[0], F, Si)
                     ob[h * QV:(h + 1) * QV] = F
                 else:
                     h = g - ga - gb
-                    if vnni:
+                    if isa == "vnni":
                         _group_vnni(nc_[h], scc[h], xw, xc[0], xd[0], F, Si)
+                    elif isa == "avx2":
+                        _group_avx2(nc_[h], scc[h], xw, xc[0], xd[0], F, Si)
                     else:
                         _group_portable(nc_[h], scc[h], xw, xc[0], xd[0], F, Si)
                     oc[h * QV:(h + 1) * QV] = F
@@ -354,9 +423,12 @@ def _make_kernels(vnni: bool):
             Fu = np.empty(QV, np.float32)
             Si = np.empty(sg.shape[1], np.int32)
             for g in range(c * step, min(ng, c * step + step)):
-                if vnni:
+                if isa == "vnni":
                     _group_vnni(ng_[g], sg[g], xw, xc[0], xd[0], Fg, Si)
                     _group_vnni(nu[g], su[g], xw, xc[0], xd[0], Fu, Si)
+                elif isa == "avx2":
+                    _group_avx2(ng_[g], sg[g], xw, xc[0], xd[0], Fg, Si)
+                    _group_avx2(nu[g], su[g], xw, xc[0], xd[0], Fu, Si)
                 else:
                     _group_portable(ng_[g], sg[g], xw, xc[0], xd[0], Fg, Si)
                     _group_portable(nu[g], su[g], xw, xc[0], xd[0], Fu, Si)
@@ -386,17 +458,23 @@ def _make_kernels(vnni: bool):
                 _scales(sc[g], Si)
                 for b in range(nb):
                     for t in range(0, T4, 4):     # the group's 256-byte block serves four tokens per load
-                        if vnni:
+                        if isa == "vnni":
                             block16x4_fma(gn, b * BLOCK_BYTES, xw, t * wpt + b * 8, wpt, xcf, t * nb + b, nb,
                                           Sf, b * QV, xdf, F, t * QV)
+                        elif isa == "avx2":
+                            block16x4_fma_avx2(gn, b * BLOCK_BYTES, xw, t * wpt + b * 8, wpt, xcf, t * nb + b,
+                                               nb, Sf, b * QV, xdf, F, t * QV)
                         else:
                             block16x4_fma_portable(gn, b * BLOCK_BYTES, xw, t * wpt + b * 8, wpt, xcf, t * nb + b,
                                                    nb, Sf, b * QV, xdf, F, t * QV)
                     for t in range(T4, T):
                         Ft = F[t * QV:(t + 1) * QV]
-                        if vnni:
+                        if isa == "vnni":
                             block16_fma(gn, b * BLOCK_BYTES, xw, t * wpt + b * 8, np.int32(xc[t, b]), Sf,
                                         b * QV, xd[t, b] * K.F16_SCALE, Ft)
+                        elif isa == "avx2":
+                            block16_fma_avx2(gn, b * BLOCK_BYTES, xw, t * wpt + b * 8, np.int32(xc[t, b]), Sf,
+                                             b * QV, xd[t, b] * K.F16_SCALE, Ft)
                         else:
                             block16_fma_portable(gn, b * BLOCK_BYTES, xw, t * wpt + b * 8, np.int32(xc[t, b]),
                                                  Sf, b * QV, xd[t, b] * K.F16_SCALE, Ft)
@@ -406,5 +484,6 @@ def _make_kernels(vnni: bool):
     return matvec, matvec3, swiglu, matmul
 
 
-matvec_q4_v16_vnni, matvec3_q4_v16_vnni, matvec_swiglu_q4_v16_vnni, matmul_q4_v16_vnni = _make_kernels(True)
-matvec_q4_v16, matvec3_q4_v16, matvec_swiglu_q4_v16, matmul_q4_v16 = _make_kernels(False)
+matvec_q4_v16_vnni, matvec3_q4_v16_vnni, matvec_swiglu_q4_v16_vnni, matmul_q4_v16_vnni = _make_kernels("vnni")
+matvec_q4_v16_avx2, matvec3_q4_v16_avx2, matvec_swiglu_q4_v16_avx2, matmul_q4_v16_avx2 = _make_kernels("avx2")
+matvec_q4_v16, matvec3_q4_v16, matvec_swiglu_q4_v16, matmul_q4_v16 = _make_kernels("portable")

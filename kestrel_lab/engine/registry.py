@@ -19,8 +19,8 @@ call       what it computes                                                signa
 ``w`` is a ``Linear`` (``.w``, ``.rows``, ``.nib``/``.sc``), ``act`` an ``Activation`` (``.x``,
 ``.q8()``, ``.q8c()``, ``.x8x8()``). Every (layout, call) that exists has a **portable** kernel; an
 ISA-specific one (``isa="avx512_vnni"``, ``"dotprod"`` …) registers beside it and is chosen when the
-host has that feature (``host_features``): ``avx512_vnni`` for ``Q4_0_V16``, ``dotprod`` (the A76's
-``sdot``) for plain ``Q4_0``. A new layout (an 8-row VNNI layout, the A76's 4×4 layout),
+host has that feature (``host_features``): ``avx512_vnni``, then ``avx2``, for ``Q4_0_V16``,
+``dotprod`` (the A76's ``sdot``) for plain ``Q4_0``. A new layout (an 8-row VNNI layout, the A76's 4×4 layout),
 a new consumer (the vision tower's matmul with bias) or an ISA-specific kernel is
 one ``@register`` away. ``qkv``/``swiglu`` fall back to separate ``one`` calls for layouts without a
 fused kernel. ``experts`` (Qwen3-MoE, ``engine.moe``): plain Q4_0 experts have a grouped kernel that reads
@@ -162,8 +162,8 @@ Q4_LAYOUTS = {"r32": "Q4_0_R32", "v16": "Q4_0_V16", "plain": "Q4_0"}   # KESTREL
 
 def q4_load_layout(features: frozenset[str] | None = None) -> str:
     """The layout the engine keeps plain Q4_0 in on this host: ``Q4_0_V16`` where an ISA-specific
-    kernel for it is available (AVX-512 VNNI), else ``Q4_0_R32`` (faster than the portable
-    ``Q4_0_V16`` kernels), both copied at load. ``KESTREL_Q4_LAYOUT`` forces one, to measure them
+    kernel for it is available (AVX-512 VNNI's ``vpdpbusd``, or AVX2's ``vpmaddubsw``), else
+    ``Q4_0_R32`` (faster than the portable ``Q4_0_V16`` kernels), both copied at load. ``KESTREL_Q4_LAYOUT`` forces one, to measure them
     side by side: ``r32``, ``v16``, or ``plain`` (no copy: the file's own bytes, with the int8-dot
     ``sdot`` kernels on a ``dotprod`` host such as the A76, else the 16-lane ones). The board keeps
     R32 by default: which of R32 and ``sdot`` is faster on a real A76 is still to be measured
@@ -326,7 +326,7 @@ def _x8_swiglu(wg, wu, act, out):
     K.matvec_swiglu_q4_8x8l(wg.w, wu.w, xe, xd, K.F16_TO_F32, out[0], K.n_chunks(wg.rows // 8))
 
 
-# ------------------------------------------------------------------ Q4_0_V16: portable and AVX-512 VNNI
+# ------------------------------------------------------------ Q4_0_V16: portable, AVX-512 VNNI and AVX2
 def _register_v16(isa: str, suffix: str, matvec, matvec3, swiglu, matmul):
     """The five calls on ``Q4_0_V16`` for one ISA (the kernels of ``kernels_v16._make_kernels``)."""
     def one(w, act, out):
@@ -356,6 +356,9 @@ def _register_v16(isa: str, suffix: str, matvec, matvec3, swiglu, matmul):
 _register_v16(PORTABLE, "", V.matvec_q4_v16, V.matvec3_q4_v16, V.matvec_swiglu_q4_v16, V.matmul_q4_v16)
 _register_v16("avx512_vnni", "_vnni", V.matvec_q4_v16_vnni, V.matvec3_q4_v16_vnni, V.matvec_swiglu_q4_v16_vnni,
               V.matmul_q4_v16_vnni)
+# Registered after VNNI, so a host with both picks ``vpdpbusd`` (``select`` takes the first that fits).
+_register_v16("avx2", "_avx2", V.matvec_q4_v16_avx2, V.matvec3_q4_v16_avx2, V.matvec_swiglu_q4_v16_avx2,
+              V.matmul_q4_v16_avx2)
 # --------------------------------------------------------------------------- MoE experts (``engine.moe``)
 # ``stack`` is an ``moe.ExpertStack`` (views of one layer's runs in the stacked expert entries, never
 # copied), ``act`` the Activation of the chunk's tokens, ``groups`` an ``moe.Groups`` (pairs sorted by

@@ -28,14 +28,14 @@ def _q8c_into(x, xq_buf, xd_buf, xc_buf):
     return xq, xc, xd
 
 
-KINDS = {"r32": K.QR, "v16": V.QV, "v16_vnni": V.QV}   # the step's variants → rows per group
+KINDS = {"r32": K.QR, "v16": V.QV, "v16_vnni": V.QV, "v16_avx2": V.QV}   # the step's variants → rows per group
 
 
 def make_decode_layers(kind: str):
-    """The whole-step kernel on one row-group layout's kernels: ``kind`` "r32" (``Q4_0_R32``), "v16"
-    or "v16_vnni" (``Q4_0_V16``, portable or ``vpdpbusd``). numba freezes the closure's ``kind`` and
-    prunes the calls of the other variants before typing (a closure over the kernels themselves
-    would change numba's on-disk cache key in every process). Taught in day11_2."""
+    """The whole-step kernel on one row-group layout's kernels: ``kind`` "r32" (``Q4_0_R32``), "v16",
+    "v16_vnni" or "v16_avx2" (``Q4_0_V16``: portable, ``vpdpbusd`` or ``vpmaddubsw``). numba freezes
+    the closure's ``kind`` and prunes the calls of the other variants before typing (a closure over the
+    kernels themselves would change numba's on-disk cache key in every process). Taught in day11_2."""
     G = KINDS[kind]
 
     @njit(cache=True)
@@ -80,8 +80,11 @@ def make_decode_layers(kind: str):
                 K.matvec3_q4_r32(*qkv, xq, xc, xd, q.reshape(-1), k.reshape(-1), v.reshape(-1), min(gq + 2 * gk, 4 * nt))
             elif kind == "v16":
                 V.matvec3_q4_v16(*qkv, xq, xc, xd, q.reshape(-1), k.reshape(-1), v.reshape(-1), min(gq + 2 * gk, 4 * nt))
-            else:
+            elif kind == "v16_vnni":
                 V.matvec3_q4_v16_vnni(*qkv, xq, xc, xd, q.reshape(-1), k.reshape(-1), v.reshape(-1),
+                                      min(gq + 2 * gk, 4 * nt))
+            else:
+                V.matvec3_q4_v16_avx2(*qkv, xq, xc, xd, q.reshape(-1), k.reshape(-1), v.reshape(-1),
                                       min(gq + 2 * gk, 4 * nt))
             if has_bias:
                 qf, kf, vf = q.reshape(-1), k.reshape(-1), v.reshape(-1)
@@ -104,8 +107,10 @@ def make_decode_layers(kind: str):
                 K.matvec_q4_r32(*wo, xq, xc, xd, y, min(go, 4 * nt))
             elif kind == "v16":
                 V.matvec_q4_v16(*wo, xq, xc, xd, y, min(go, 4 * nt))
-            else:
+            elif kind == "v16_vnni":
                 V.matvec_q4_v16_vnni(*wo, xq, xc, xd, y, min(go, 4 * nt))
+            else:
+                V.matvec_q4_v16_avx2(*wo, xq, xc, xd, y, min(go, 4 * nt))
             for i in range(hid):
                 h[0, i] += y[i]
             # feed-forward block: norm → silu(Wgate x)·(Wup x) → Wdown, residual
@@ -116,16 +121,20 @@ def make_decode_layers(kind: str):
                 K.matvec_swiglu_q4_r32(*gu, xq, xc, xd, g.reshape(-1), min(gg, 4 * nt))
             elif kind == "v16":
                 V.matvec_swiglu_q4_v16(*gu, xq, xc, xd, g.reshape(-1), min(gg, 4 * nt))
-            else:
+            elif kind == "v16_vnni":
                 V.matvec_swiglu_q4_v16_vnni(*gu, xq, xc, xd, g.reshape(-1), min(gg, 4 * nt))
+            else:
+                V.matvec_swiglu_q4_v16_avx2(*gu, xq, xc, xd, g.reshape(-1), min(gg, 4 * nt))
             xq, xc, xd = _q8c_into(g, xq_buf, xd_buf, xc_buf)
             wd = (dn[l * gd:(l + 1) * gd], ds[l * gd:(l + 1) * gd])
             if kind == "r32":
                 K.matvec_q4_r32(*wd, xq, xc, xd, y, min(gd, 4 * nt))
             elif kind == "v16":
                 V.matvec_q4_v16(*wd, xq, xc, xd, y, min(gd, 4 * nt))
-            else:
+            elif kind == "v16_vnni":
                 V.matvec_q4_v16_vnni(*wd, xq, xc, xd, y, min(gd, 4 * nt))
+            else:
+                V.matvec_q4_v16_avx2(*wd, xq, xc, xd, y, min(gd, 4 * nt))
             for i in range(hid):
                 h[0, i] += y[i]
 

@@ -26,6 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
+from kestrel_lab.chat_blocks import qwen3_tool_calls, tool_response, tools_section
 from kestrel_lab.vocab.tokenizer_json import QWEN3_ADDED_TOKENS, QWEN3_FIRST_ADDED_ID
 from kestrel_lab.vision.positions import image_token_count
 
@@ -126,10 +127,6 @@ def _with_vision(content, counter: list[int], add_vision_id: bool) -> str:
     return "".join(out)
 
 
-def _tojson(obj) -> str:
-    return json.dumps(obj, ensure_ascii=False)   # transformers' ``tojson`` filter
-
-
 def render_vl_chat(messages: Sequence[dict], *, add_generation_prompt: bool = True,
                    add_vision_id: bool = False, tools: Sequence[dict] | None = None) -> str:
     """Qwen3-VL-Instruct's chat template, statement for statement, as text (special tokens written out).
@@ -145,16 +142,10 @@ def render_vl_chat(messages: Sequence[dict], *, add_generation_prompt: bool = Tr
         out.append("<|im_start|>system\n")
         if first["role"] == "system":
             out.append(_text_only(first.get("content")) + "\n\n")
-        out.append("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-                   "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
-        out.extend("\n" + _tojson(tool) for tool in tools)
-        out.append("\n</tools>\n\nFor each function call, return a json object with function name and "
-                   "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
-                   "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n")
+        out.append(tools_section(tools))
     elif first["role"] == "system":
         out.append("<|im_start|>system\n" + _text_only(first.get("content")) + "<|im_end|>\n")
     images = [0]
-    n = len(messages)
     for i, m in enumerate(messages):
         role, content = m["role"], m.get("content")
         if role == "user":
@@ -162,22 +153,10 @@ def render_vl_chat(messages: Sequence[dict], *, add_generation_prompt: bool = Tr
         elif role == "assistant":
             text = _text_only(content)
             out.append("<|im_start|>assistant\n" + text)
-            for j, call in enumerate(m.get("tool_calls") or ()):
-                if (j == 0 and text) or j > 0:
-                    out.append("\n")
-                if call.get("function"):
-                    call = call["function"]
-                args = call["arguments"]
-                out.append('<tool_call>\n{"name": "' + str(call["name"]) + '", "arguments": '
-                           + (args if isinstance(args, str) else _tojson(args)) + "}\n</tool_call>")
+            out.append(qwen3_tool_calls(m.get("tool_calls") or (), after_text=bool(text)))
             out.append("<|im_end|>\n")
         elif role == "tool":
-            if i == 0 or messages[i - 1]["role"] != "tool":
-                out.append("<|im_start|>user")
-            out.append("\n<tool_response>\n" + _with_vision(content, images, add_vision_id)
-                       + "\n</tool_response>")
-            if i == n - 1 or messages[i + 1]["role"] != "tool":
-                out.append("<|im_end|>\n")
+            out.append(tool_response(messages, i, _with_vision(content, images, add_vision_id)))
     if add_generation_prompt:
         out.append("<|im_start|>assistant\n")
     return "".join(out)
