@@ -141,20 +141,50 @@ def test_v16_kernels_equal_the_row_interleaved_ones(isa, matvec, matvec3, swiglu
         assert np.array_equal(m, mr), T
 
 
-def test_the_engine_gives_the_same_logits_on_either_layout(monkeypatch):
+def _engine_run(path, monkeypatch, layout, features=None):
+    """Prefill and three decode steps with the Q4 layout forced and, when given, the host's features."""
     from kestrel_lab.engine import Qwen3Engine
-    from kestrel_lab.models import vqf
+    from kestrel_lab.engine import model as M
 
-    path = vqf(model="qwen3-tiny-poem", quant="q4_0")
-    runs = {}
-    for forced in ("r32", "v16"):
-        monkeypatch.setenv("KESTREL_Q4_LAYOUT", forced)
+    monkeypatch.setenv("KESTREL_Q4_LAYOUT", layout)
+    if features is not None:
+        monkeypatch.setattr(registry, "host_features", lambda: features)
+    M._kernel.cache_clear()                       # the engine caches its registry choices per process
+    before = registry.used()
+    try:
         eng = Qwen3Engine.from_vqf(path, max_context=64)
         first = eng.prefill([151644, 872, 198, 100, 200, 300])
         steps = [eng.decode(t) for t in (400, 500, 600)]
-        runs[forced] = (eng.q4_layout, np.stack([first, *steps]))
-    assert runs["r32"][0] == "Q4_0_R32" and runs["v16"][0] == "Q4_0_V16"
-    assert np.array_equal(runs["r32"][1], runs["v16"][1])
+    finally:
+        M._kernel.cache_clear()
+    ran = {k for k, n in registry.used().items() if n > before.get(k, 0)}
+    return eng.q4_layout, np.stack([first, *steps]), ran
+
+
+def test_the_engine_gives_the_same_logits_on_either_layout(monkeypatch):
+    from kestrel_lab.models import vqf
+
+    path = vqf(model="qwen3-tiny-poem", quant="q4_0")
+    lay_r, r32, _ = _engine_run(path, monkeypatch, "r32")
+    lay_v, v16, _ = _engine_run(path, monkeypatch, "v16")
+    assert lay_r == "Q4_0_R32" and lay_v == "Q4_0_V16"
+    assert np.array_equal(r32, v16)
+
+
+@needs_avx2
+def test_the_engine_on_an_avx2_host_runs_the_avx2_kernels_with_the_same_logits(monkeypatch):
+    """The host's features without VNNI (what an AVX2-only CPU reports): the registry picks the AVX2 V16
+    kernels for the layers and the prefill, and the logits keep R32's bits."""
+    from kestrel_lab.models import vqf
+
+    path = vqf(model="qwen3-tiny-poem", quant="q4_0")
+    avx2_only = frozenset(f for f in registry.host_features() if "vnni" not in f and not f.startswith("avx512"))
+    monkeypatch.setenv("KESTREL_Q4_LAYOUT", "")
+    assert registry.q4_load_layout(avx2_only) == "Q4_0_V16"
+    _, r32, _ = _engine_run(path, monkeypatch, "r32")
+    lay, v16, ran = _engine_run(path, monkeypatch, "v16", avx2_only)
+    assert lay == "Q4_0_V16" and np.array_equal(r32, v16)
+    assert {"decode_layers_v16_avx2", "matmul_q4_v16_avx2"} <= ran and not any("vnni" in k for k in ran), ran
 
 
 _COMPILE_VNNI = r'''
