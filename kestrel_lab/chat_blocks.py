@@ -6,7 +6,8 @@ and the images, but they share these blocks character for character; ``engine.ch
 and ``vision.prompt`` (Qwen3-VL) both build on this module, so a fix lands in one place. It imports
 nothing of the package, so the text and the vision side can use it without an import circle.
 
-Taught in day14_1 (Qwen3) and day21_1 (Qwen3-VL).
+No lesson imports it directly: day14_1 (Qwen3) and day21_1 (Qwen3-VL) teach the templates through
+``engine.chat`` and ``vision.prompt``, which the tests compare with transformers' Jinja text.
 """
 from __future__ import annotations
 
