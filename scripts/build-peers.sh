@@ -6,6 +6,8 @@
 #   KESTREL_PEERS_DIR  where the build goes (default: <kestrel cache dir>/peers)
 #   PY                 the venv's python (default .venv/bin/python); requirements-peers.txt goes there
 #   JOBS               make -j (default 2)
+#   PEER_AMX           on (default): -march=native as it is; off: -march=native without AMX, for hosts
+#                      (VMs) that list amx_int8 where ggml's AMX backend dies of SIGILL in tilezero
 set -euo pipefail
 
 SDIST_NAME=llama-cpp-python
@@ -46,6 +48,14 @@ BUILD="$PEERS/build"
 FLAGS=(-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_CPU_REPACK=ON -DGGML_BLAS=OFF
        -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
        -DLLAMA_BUILD_TOOLS=ON -DBUILD_SHARED_LIBS=ON)
+case "${PEER_AMX:-on}" in
+    on) ;;
+    off) NO_AMX="-march=native -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+         # ggml's native mode appends -march=native after these flags (AMX back on), so native is
+         # spelled out here and ggml adds only -m<isa> flags, none of them AMX.
+         FLAGS=("${FLAGS[@]/-DGGML_NATIVE=ON/-DGGML_NATIVE=OFF}" "-DCMAKE_C_FLAGS=$NO_AMX" "-DCMAKE_CXX_FLAGS=$NO_AMX") ;;
+    *) echo "peers: PEER_AMX is '${PEER_AMX}'; it takes on or off" >&2; exit 2 ;;
+esac
 start=$(date +%s)
 cmake -S "$LLAMA" -B "$BUILD" "${FLAGS[@]}" > "$PEERS/cmake-configure.log"
 cmake --build "$BUILD" --target llama-bench llama-quantize -j "$JOBS" > "$PEERS/cmake-build.log"

@@ -29,6 +29,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -38,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from kestrel_lab import paths
+from kestrel_lab.engine.registry import host_features
 
 PEER = "llama.cpp"
 PEERS = (PEER,)
@@ -271,6 +273,11 @@ def gguf(ckpt: Path, info: dict, log=print) -> Path:
 
 def _run(cmd: list[str], env=None) -> str:
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if p.returncode == -signal.SIGILL and "amx_int8" in host_features():
+        raise RuntimeError(f"{Path(cmd[0]).name} died of SIGILL (an illegal instruction) on a host whose "
+                           "/proc/cpuinfo lists AMX: ggml's AMX backend is compiled in by -march=native and some "
+                           "VMs list AMX they do not fully provide. Rebuild without it: `make peers PEER_AMX=off` "
+                           "(BUILD.json then shows -DGGML_NATIVE=OFF and -mno-amx-*).")
     if p.returncode:
         raise RuntimeError(f"{Path(cmd[0]).name if len(cmd) < 2 or 'python' not in cmd[0] else Path(cmd[1]).name} "
                            f"failed ({p.returncode}):\n{(p.stderr or p.stdout)[-3000:]}")
