@@ -51,6 +51,20 @@ def test_parse_tolerates_a_log_line_before_the_json_and_refuses_junk():
         peer.parse_llama_bench(json.dumps(bad))
 
 
+def test_a_sigill_on_an_amx_host_names_the_rebuild_without_amx(monkeypatch):
+    """Some VMs list amx_int8 while ggml's AMX backend dies of SIGILL in tilezero (seen on this
+    project's Sapphire Rapids VM): the error says so and names `make peers PEER_AMX=off`; on a host
+    without AMX a SIGILL stays a plain failure with the signal's number."""
+    dies = ["sh", "-c", "kill -ILL $$"]                     # a real process that dies of SIGILL
+    monkeypatch.setattr(peer, "host_features", lambda: frozenset({"x86_64", "avx512_vnni", "amx_int8"}))
+    with pytest.raises(RuntimeError, match=r"SIGILL.*PEER_AMX=off"):
+        peer._run(dies)
+    monkeypatch.setattr(peer, "host_features", lambda: frozenset({"x86_64", "avx2"}))
+    with pytest.raises(RuntimeError, match=r"failed \(-4\)") as e:
+        peer._run(dies)
+    assert "PEER_AMX" not in str(e.value)
+
+
 # ------------------------------------------------------------------------------ the maths
 def test_summary_and_ratio_bounds():
     s = peer.summary([3.0, 1.0, 2.0, 10.0])
