@@ -52,9 +52,12 @@ book: $(VENV)/.ref-installed system-deps
 	@echo "book: open _build/html/index.html"
 
 # Everything: unit tests, the reference comparisons, every notebook executed by the book build, and
-# the built book checked in headless Chromium.
+# the built book checked in headless Chromium. The two generated pages (module map, dashboard) must be
+# committed up to date first: the build rewrites them, and a rewritten page makes the tree dirty, so every
+# figure of that book would read <commit>+dirty.
 test: $(VENV)/.dev-installed
 	$(KL) book sources --check
+	$(KL) dashboard --check
 	$(MAKE) book
 	$(PY) -m pytest tests
 
