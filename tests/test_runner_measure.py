@@ -138,3 +138,14 @@ def test_dashboard_labels_computed_figures_and_never_plots_them(data):
     assert labels == ["day23_1 · measured_bw"]  # a computed speed is no measurement to compare
     assert "day23_1 · roofline_bound" not in text.split("## 按笔记本")[0]
     assert "1（另有 2 个计算）" in text
+
+
+def test_a_runner_measured_on_two_machines_names_each_with_its_notebooks():
+    def doc(notebook, model):
+        return {"notebook": notebook, "provenance": {"machine": {
+            "arch": "x86_64", "clusters": [{"model": model, "cpus": [0, 1]}], "memory_bytes": 24 * 2**30}}}
+    one = [doc("day02_3", "AMD EPYC"), doc("day03_1", "AMD EPYC")]
+    assert dashboard._machines_of(one) == "x86_64, 2×AMD EPYC, 24 GiB"
+    two = one + [doc("day29_1", "Intel Xeon")]
+    assert dashboard._machines_of(two) == ("x86_64, 2×AMD EPYC, 24 GiB（2 篇：day02_3、day03_1）；"
+                                           "x86_64, 2×Intel Xeon, 24 GiB（1 篇：day29_1）")

@@ -104,6 +104,18 @@ def _machine_words(doc: dict) -> str:
     return ", ".join(b for b in bits if b) or "?"
 
 
+def _machines_of(docs: list[dict]) -> str:
+    """The machine a runner's figures come from; when a runner name was reused on another machine
+    (a CI VM of another kind), each machine with its notebooks, so no figure is credited to the wrong one."""
+    by: dict[str, list[str]] = {}
+    for d in docs:
+        by.setdefault(_machine_words(d), []).append(d.get("notebook", "?"))
+    if len(by) == 1:
+        return next(iter(by))
+    return "；".join(f"{m}（{len(nbs)} 篇" + (f"：{'、'.join(sorted(nbs))}" if len(nbs) <= 3 else "") + "）"
+                    for m, nbs in sorted(by.items(), key=lambda kv: -len(kv[1])))
+
+
 def rate_rows(docs: list[dict]) -> list[tuple[str, str, str, float]]:
     """(label, runner, unit, value) of every measured throughput figure (unit ending in ``/s``).
 
@@ -211,7 +223,7 @@ def render(root: Path | None = None, include_local: bool = False) -> str:
         src = ("文章" if mine[0]["source"] == "article" else
                "模拟重跑（qemu，速度不可比）" if any(measure.is_emulated(d) for d in mine) else "重跑")
         span = dates[0] if dates[0] == dates[-1] else f"{dates[0]} – {dates[-1]}"
-        rows.append([f"`{r}`", src, _machine_words(mine[-1]), str(len(mine)),
+        rows.append([f"`{r}`", src, _machines_of(mine), str(len(mine)),
                      f"{n_meas}" + "".join(f"（另有 {n} 个{what}）" for n, what in ((n_comp, "计算"), (n_nm, "未测")) if n),
                      span, ", ".join(commits)])
     out += _md_table(["runner", "来源", "机器", "笔记本", "数字", "日期", "commit"], rows) + [""]
