@@ -14,8 +14,21 @@ from kestrel_lab.paths import cache_dir as _cache_dir
 
 __version__ = "0.1.0"
 
+# On aarch64, LLVM's SLP vectorizer is what turns the int8 dot of the A76 kernels into ``sdot``: the
+# 16-step inner loop is fully unrolled before the loop vectorizer sees it, and numba leaves SLP off
+# by default, so without this the "sdot" kernels compile to scalar ``madd`` on the board (found by
+# `make board-smoke`'s emulated A76; the x86 cross-compile of ``kernels.cross_asm`` runs SLP and
+# hid it). x86 code generation is left as numba's default. An explicit NUMBA_SLP_VECTORIZE wins.
+# Taught in day07_1.
+_SLP = _os.environ.get("NUMBA_SLP_VECTORIZE")
+if _SLP is None and _os.uname().machine.lower() in ("aarch64", "arm64"):
+    _SLP = _os.environ["NUMBA_SLP_VECTORIZE"] = "1"
+    if "numba" in _sys.modules:  # numba read its config at import; it reads this one at each compile
+        _sys.modules["numba"].config.SLP_VECTORIZE = 1
+
 if "NUMBA_CACHE_DIR" not in _os.environ:
-    _os.environ["NUMBA_CACHE_DIR"] = str(_cache_dir() / "numba")
+    # kernels cached under other code-generation settings are not reused: their folder differs
+    _os.environ["NUMBA_CACHE_DIR"] = str(_cache_dir() / ("numba-slp" if _SLP == "1" else "numba"))
     if "numba" in _sys.modules:  # numba read its config at import: tell it directly
         _sys.modules["numba"].config.CACHE_DIR = _os.environ["NUMBA_CACHE_DIR"]
 
