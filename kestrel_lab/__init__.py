@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 # On aarch64, LLVM's SLP vectorizer is what turns the int8 dot of the A76 kernels into ``sdot``: the
 # 16-step inner loop is fully unrolled before the loop vectorizer sees it, and numba leaves SLP off
 # by default, so without this the "sdot" kernels compile to scalar ``madd`` on the board (found by
-# `make board-smoke`'s emulated A76; the x86 cross-compile of ``kernels.cross_asm`` runs SLP and
+# `make board-smoke`'s emulated A76; the x86 cross-compile of ``kernels.asm.cross_asm`` runs SLP and
 # hid it). x86 code generation is left as numba's default. An explicit NUMBA_SLP_VECTORIZE wins.
 # Taught in day07_1.
 _SLP = _os.environ.get("NUMBA_SLP_VECTORIZE")

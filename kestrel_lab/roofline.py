@@ -30,8 +30,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from kestrel_lab.engine import kernels as _K
-from kestrel_lab.engine import kernels_v16 as _V
+from kestrel_lab.kernels import ops as _K
+from kestrel_lab.kernels import v16 as _V
 from kestrel_lab.measure import timeit
 from kestrel_lab.threads import numba_threads, resolve_threads  # noqa: F401 - lessons reach them here too
 
@@ -366,7 +366,7 @@ def _peak_r32(nib, sc, xq, xc, xd, iters, last):
 
 def _make_peak_v16(isa: str):
     """The same loop over ``Q4_0_V16`` groups (``isa``: "vnni", "avx2" or "portable", as
-    ``kernels_v16._make_kernels``)."""
+    ``kernels.v16._make_kernels``)."""
     @njit(parallel=True, fastmath=True, cache=True)
     def peak(nib, sc, xq, xc, xd, iters, last):
         G = nib.shape[0]
@@ -387,9 +387,9 @@ def _make_peak_v16(isa: str):
 
 
 _PEAK_V16 = {  # the V16 kernel's registry isa → (peak loop, the group function it runs)
-    "avx512_vnni": (_make_peak_v16("vnni"), "kernels_v16._group_vnni (vpdpbusd)"),
-    "avx2": (_make_peak_v16("avx2"), "kernels_v16._group_avx2 (vpmaddubsw + vpmaddwd)"),
-    "portable": (_make_peak_v16("portable"), "kernels_v16._group_portable (plain loops)"),
+    "avx512_vnni": (_make_peak_v16("vnni"), "kernels.v16._group_vnni (vpdpbusd)"),
+    "avx2": (_make_peak_v16("avx2"), "kernels.v16._group_avx2 (vpmaddubsw + vpmaddwd)"),
+    "portable": (_make_peak_v16("portable"), "kernels.v16._group_portable (plain loops)"),
 }
 
 Q4_0_BYTES_PER_WEIGHT = 18 / 32     # fp16 scale + 16 bytes of nibbles per 32 weights
@@ -397,7 +397,7 @@ Q4_0_BYTES_PER_WEIGHT = 18 / 32     # fp16 scale + 16 bytes of nibbles per 32 we
 
 def _peak_case(layout: str, cols: int, groups: int, seed: int = 0):
     """Random Q4_0 rows split into ``layout``'s planes, a Q8_0 activation, and the kernel to loop."""
-    from kestrel_lab.engine.registry import select
+    from kestrel_lab.kernels.registry import select
 
     qr = {"Q4_0_R32": _K.QR, "Q4_0_V16": _V.QV}[layout]
     rng = np.random.default_rng(seed)
@@ -412,7 +412,7 @@ def _peak_case(layout: str, cols: int, groups: int, seed: int = 0):
     if layout == "Q4_0_R32":
         nib, sc = np.empty((groups, nb * 16 * qr), np.uint8), np.empty((groups, nb * qr), np.uint16)
         _K.repack_q4_0_to_r32(q4, nib, sc, 1)
-        kernel, name = _peak_r32, "kernels._group_r32 (int16 lanes)"
+        kernel, name = _peak_r32, "kernels.ops._group_r32 (int16 lanes)"
     else:
         nib, sc = np.empty((groups, nb * _V.BLOCK_BYTES), np.uint8), np.empty((groups, nb * qr), np.uint16)
         _V.repack_q4_0_to_v16(q4, nib, sc, 1)
@@ -425,8 +425,8 @@ def int8_dot_peak(threads: int | None = None, layout: str | None = None, cols: i
                   repeat: int = 5, seconds: float = 0.05) -> dict:
     """The compute limit of the engine's Q4_0 × Q8_0 decode kernel: multiply-adds per second on L1 data.
 
-    Runs the kernel's own inner function (one row group × one token: ``kernels._group_r32`` or
-    ``kernels_v16``'s group, per ``layout``; default ``registry.q4_load_layout()``, what the engine
+    Runs the kernel's own inner function (one row group × one token: ``kernels.ops._group_r32`` or
+    ``kernels.v16``'s group, per ``layout``; default ``registry.q4_load_layout()``, what the engine
     uses here) over ``groups`` row groups of ``cols`` columns — a few KiB, resident in L1 — on one
     work unit per thread, so the figure is the instruction mix's speed with memory out of the way.
     ``weight_gbs`` is the same figure in the bandwidth's units (Q4_0: 18 bytes per 32 weights): the
@@ -436,7 +436,7 @@ def int8_dot_peak(threads: int | None = None, layout: str | None = None, cols: i
     ``weight_gbs_per_thread``, ``spread``, ``samples``, ``threads``, ``layout``, ``kernel``,
     ``resident_bytes``, ``iters``. Taught in day07_3.
     """
-    from kestrel_lab.engine.registry import q4_load_layout
+    from kestrel_lab.kernels.registry import q4_load_layout
 
     _check_positive("cols", cols)
     _check_positive("groups", groups)

@@ -131,3 +131,66 @@ def test_no_import_circle_among_the_package_modules():
     found = cycles(graph)
     assert not found, "import circles in the package:\n" + "\n".join(
         f"  {' -> '.join(_path_in(graph, comp))}   (all of {', '.join(comp)})" for comp in found)
+
+
+# --------------------------------------------------------------------------- floors
+# The package is a house of floors. A module imports from its own floor and the floors below, never from
+# above: the text engine and the vision tower stand on the kernels, the measuring tools on the engine,
+# the command lines and the book on everything. The first rule that matches a module gives its floor
+# (``fnmatch`` patterns on the dotted name); a module no rule names fails the test, so a new module is
+# placed on purpose.
+FLOORS = ("base", "formats", "kernels", "vision", "engine", "measures", "apps")
+RULES = (
+    ("kestrel_lab.__main__", "apps"), ("kestrel_lab.cli", "apps"), ("kestrel_lab.*.cli", "apps"),
+    ("kestrel_lab.*_cli", "apps"), ("kestrel_lab.book", "apps"), ("kestrel_lab.book.*", "apps"),
+    ("kestrel_lab.diagrams", "apps"), ("kestrel_lab.diagrams.*", "apps"), ("kestrel_lab.fuzz", "apps"),
+    ("kestrel_lab.student", "apps"), ("kestrel_lab.student.*", "apps"),
+    ("kestrel_lab.bench", "measures"), ("kestrel_lab.bench.*", "measures"), ("kestrel_lab.eval", "measures"),
+    ("kestrel_lab.golden", "measures"), ("kestrel_lab.roofline", "measures"),
+    ("kestrel_lab.engine", "engine"), ("kestrel_lab.engine.*", "engine"),
+    ("kestrel_lab.vision", "vision"), ("kestrel_lab.vision.*", "vision"),
+    ("kestrel_lab.kernels", "kernels"), ("kestrel_lab.kernels.*", "kernels"),
+    ("kestrel_lab.vocab", "formats"), ("kestrel_lab.vocab.*", "formats"), ("kestrel_lab.vqf", "formats"),
+    ("kestrel_lab.vqf.*", "formats"), ("kestrel_lab.config", "formats"), ("kestrel_lab.rope_scaling", "formats"),
+    ("kestrel_lab.safetensors", "formats"), ("kestrel_lab.tiny_model", "formats"), ("kestrel_lab.convert", "formats"),
+    ("kestrel_lab.models", "formats"),
+    ("kestrel_lab", "base"), ("kestrel_lab.paths", "base"), ("kestrel_lab.atomic", "base"), ("kestrel_lab.limits", "base"),
+    ("kestrel_lab.quant", "base"), ("kestrel_lab.memory_check", "base"), ("kestrel_lab.procfs", "base"),
+    ("kestrel_lab.machine", "base"), ("kestrel_lab.threads", "base"), ("kestrel_lab.cgroup", "base"),
+    ("kestrel_lab.plotting", "base"), ("kestrel_lab.exercise", "base"), ("kestrel_lab.chat_blocks", "base"),
+    ("kestrel_lab.syllabus", "base"), ("kestrel_lab.measure", "base"),
+)
+
+
+def floor_of(name: str, rules=RULES) -> str | None:
+    from fnmatch import fnmatchcase
+
+    return next((floor for pattern, floor in rules if fnmatchcase(name, pattern)), None)
+
+
+def back_arrows(graph: dict[str, set[str]], rules=RULES) -> list[str]:
+    """Every import from a lower floor to a higher one, as 'a (floor) -> b (floor)'."""
+    level = {f: i for i, f in enumerate(FLOORS)}
+    out = []
+    for a in sorted(graph):
+        for b in sorted(graph[a]):
+            fa, fb = floor_of(a, rules), floor_of(b, rules)
+            if fa and fb and level[fb] > level[fa]:
+                out.append(f"{a} ({fa}) -> {b} ({fb})")
+    return out
+
+
+def test_every_module_has_a_floor():
+    missing = [m for m in import_graph() if floor_of(m) is None]
+    assert not missing, f"modules no rule of RULES places on a floor: {missing}"
+
+
+def test_the_floor_check_finds_a_planted_back_arrow():
+    graph = {"kestrel_lab.kernels.ops": {"kestrel_lab.engine.model"}, "kestrel_lab.engine.model": {"kestrel_lab.kernels.ops"}}
+    assert back_arrows(graph) == ["kestrel_lab.kernels.ops (kernels) -> kestrel_lab.engine.model (engine)"]
+    assert floor_of("kestrel_lab.vqf.cli") == "apps" and floor_of("kestrel_lab.vqf.reader") == "formats"
+
+
+def test_no_import_runs_back_up_a_floor():
+    arrows = back_arrows(import_graph())
+    assert not arrows, "imports that run back up a floor:\n  " + "\n  ".join(arrows)

@@ -28,7 +28,7 @@ def test_bench_model_engine_speed_and_table(tmp_path, monkeypatch):
     speed = B.engine_speed(path, 1, prompt_len=8, decode_tokens=3)
     assert speed["prefill_tok_s"] > 0 and speed["decode_tok_s"] > 0 and speed["weight_qtypes"] == ["Q4_0"]
     k = B.kernel_speeds(1, rows=512, cols=256, repeat=1)
-    from kestrel_lab.engine.registry import host_features
+    from kestrel_lab.kernels.registry import host_features
     isa = {f"q4_0 v16 (16 rows, {label})" for flag, label in (("avx512_vnni", "vpdpbusd"), ("avx2", "vpmaddubsw"))
            if flag in host_features()}
     assert set(k) == {"q4_0 naive (block by block)", "q4_0 lanes", "q8_0 lanes", "q4_8x8l",

@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 
 from kestrel_lab import quant as Q
-from kestrel_lab.engine import kernels as K
-from kestrel_lab.engine.attention import attend, attend_reference
+from kestrel_lab.kernels import ops as K
+from kestrel_lab.kernels import asm as A
+from kestrel_lab.kernels.attention import attend, attend_reference
 from kestrel_lab.engine.kv import ContextFullError, KVCache
-from kestrel_lab.engine.rope import apply_rope, mrope_cos_sin, rope_cos_sin
+from kestrel_lab.kernels.rope import apply_rope, mrope_cos_sin, rope_cos_sin
 
 LUT = K.F16_TO_F32
 
@@ -268,8 +269,8 @@ def test_asm_summary_sees_packed_integer_code(mat):
     w, x, xq, xd, xe, _ = mat
     packed = ro(Q.repack_q4_8x8l(Q.quantize_q4_0(w), *w.shape))
     K.matvec_q4_8x8l(packed, xe[:1], xd[:1], LUT, np.empty(w.shape[0], np.float32), 2)
-    s = K.asm_summary(K.matvec_q4_8x8l)
-    assert s["isa"] == K.host_isa() and s["instructions"] > 100 and s["vector"] > 0
+    s = A.asm_summary(K.matvec_q4_8x8l)
+    assert s["isa"] == A.host_isa() and s["instructions"] > 100 and s["vector"] > 0
     if s["isa"] == "x86_64":
         mnemonics = dict(s["top"])
         assert s["ymm"] + s["zmm"] > 0
@@ -287,7 +288,7 @@ def test_row_interleaved_kernel_is_packed_int16_code():
     xq = np.zeros((1, cols), np.int8)
     K.matvec_q4_r32(nib, sc, xq, np.zeros((1, cols // 32), np.int16), np.ones((1, cols // 32), np.float32),
                     np.empty(rows, np.float32), 2)
-    s = K.asm_summary(K.matvec_q4_r32)
+    s = A.asm_summary(K.matvec_q4_r32)
     mnemonics = s["ops"]  # every mnemonic: in a threaded kernel the scalar set-up code fills the top 12
     if s["isa"] == "x86_64":
         assert s["packed"].get("vpmullw", 0) >= 16, s["packed"]
@@ -317,14 +318,14 @@ X86_ASM = """
 
 def test_parse_asm_knows_both_isas():
     """The assembly inspection is architecture-aware, so the lesson and the tests mean the same on the board."""
-    arm = K.parse_asm(ARM_ASM, "aarch64")
+    arm = A.parse_asm(ARM_ASM, "aarch64")
     assert arm["instructions"] == 6 and arm["vector"] == 3 and arm["registers"] == {"v": 3}
     assert arm["packed"] == {"sdot": 1, "mla": 1}  # the scalar mul on x-registers is not packed
-    x86 = K.parse_asm(X86_ASM, "x86_64")
+    x86 = A.parse_asm(X86_ASM, "x86_64")
     assert x86["registers"] == {"zmm": 1, "ymm": 1, "xmm": 1} and x86["vector"] == 3
     assert x86["packed"] == {"vpmullw": 1, "vpmaddwd": 1}
     with pytest.raises(ValueError, match="riscv"):
-        K.parse_asm("add a0, a0, a1", "riscv64")
+        A.parse_asm("add a0, a0, a1", "riscv64")
 
 
 def test_half_to_float_is_quiet_for_every_bit_pattern():
@@ -340,7 +341,7 @@ def test_half_to_float_is_quiet_for_every_bit_pattern():
 
 def test_quantize_act_rounds_like_c_roundf_just_below_one_half():
     from kestrel_lab import quant
-    from kestrel_lab.engine import kernels as K
+    from kestrel_lab.kernels import ops as K
 
     below_half = np.nextafter(np.float32(0.5), np.float32(0))
     x = np.zeros((1, 32), dtype=np.float32)
@@ -353,7 +354,7 @@ def test_quantize_act_rounds_like_c_roundf_just_below_one_half():
 
 
 def test_softmax_over_a_vocabulary_sums_to_one():
-    from kestrel_lab.engine import kernels as K
+    from kestrel_lab.kernels import ops as K
 
     rng = np.random.default_rng(0)
     # a few dominant tokens first, then a long tail of tiny terms (~4e-8 each), as after training:

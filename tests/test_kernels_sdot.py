@@ -1,4 +1,4 @@
-"""The int8-dot (A76 ``sdot``) kernels on the file's plain Q4_0 bytes (``kernels._dot_q4_0_signed``):
+"""The int8-dot (A76 ``sdot``) kernels on the file's plain Q4_0 bytes (``kernels.ops._dot_q4_0_signed``):
 the XOR-shift identity on every byte, bit-exactness of all five registered variants with
 ``matvec_q4_0_naive`` on any host, LLVM forming ``sdot`` from the loop for cortex-a76 (cross-compiled
 here, natively on an aarch64 board), and the host-feature detection that picks them (the qemu-user
@@ -10,11 +10,12 @@ import pytest
 from numba import njit
 
 from kestrel_lab import quant as Q
-from kestrel_lab.engine import kernels as K
-from kestrel_lab.engine import registry
+from kestrel_lab.kernels import ops as K
+from kestrel_lab.kernels import asm as A
+from kestrel_lab.kernels import host, registry
 
 FIXTURES = Path(__file__).parent / "fixtures"
-ARM = K.host_isa() == "aarch64"
+ARM = A.host_isa() == "aarch64"
 
 
 def test_the_xor_shift_gives_sixteen_times_the_signed_nibbles_for_every_byte():
@@ -105,7 +106,7 @@ def test_forced_int8_dot_kernels_run_the_whole_engine(monkeypatch):
     """An engine on the file's bytes with the sdot kernels forced: the same logits as with the
     portable plain-Q4_0 kernels, to float-summation order (the integer sums are the same)."""
     from kestrel_lab.engine import Qwen3Engine
-    from kestrel_lab.engine import model as M
+    from kestrel_lab.kernels import linear as M
     from kestrel_lab.models import vqf
 
     path = vqf(model="qwen3-tiny-poem", quant="q4_0")
@@ -113,11 +114,11 @@ def test_forced_int8_dot_kernels_run_the_whole_engine(monkeypatch):
     runs = {}
     for feats in (frozenset({"x86_64"}), frozenset({"aarch64", "dotprod"})):
         monkeypatch.setattr(registry, "host_features", lambda f=feats: f)
-        M._kernel.cache_clear()
+        M.kernel_for.cache_clear()
         eng = Qwen3Engine.from_vqf(path, max_context=32)
         logits = np.stack([eng.prefill([151644, 872, 198, 100]), eng.decode(200)])
         runs["dotprod" in feats] = (eng.kernel_paths()["matrices"]["Q4_0"], logits)
-    M._kernel.cache_clear()
+    M.kernel_for.cache_clear()
     assert runs[True][0]["one"] == "matvec_q4_0_sdot" and runs[False][0]["one"] == "matvec_q4_0"
     assert runs[True][0]["many"] == "matmul_rows_q4_0_sdot"
     scale = np.abs(runs[False][1]).max()
@@ -131,10 +132,10 @@ def test_llvm_turns_the_int8_dot_into_sdot_for_the_a76():
         llvm.Target.from_triple("aarch64-unknown-linux-gnu")
     except RuntimeError:
         pytest.skip("this llvmlite was built without the AArch64 target")
-    asm = K.cross_asm("kestrel_lab.engine.kernels:_dot_q4_0_signed", K.SDOT_SIGNATURE, ("cortex-a76", "generic"))
-    a76 = K.parse_asm(asm["cortex-a76"], "aarch64")["packed"]
+    asm = A.cross_asm("kestrel_lab.kernels.ops:_dot_q4_0_signed", A.SDOT_SIGNATURE, ("cortex-a76", "generic"))
+    a76 = A.parse_asm(asm["cortex-a76"], "aarch64")["packed"]
     assert a76.get("sdot", 0) >= 2, a76          # one per 16 bytes: low and high nibbles
-    generic = K.parse_asm(asm["generic"], "aarch64")["packed"]
+    generic = A.parse_asm(asm["generic"], "aarch64")["packed"]
     assert "sdot" not in generic, generic           # an Armv8.0 CPU has no dot product
 
 
@@ -146,39 +147,39 @@ def test_the_int8_dot_becomes_sdot_on_the_a76():
     K.matvec_q4_0_sdot(_q4(8, 64, 2), xq, xd, K.F16_TO_F32, out, 1)
     feats = registry.host_features()
     assert "dotprod" in feats and not feats & {"avx2", "avx512_vnni", "avx512f"}, sorted(feats)
-    assert K.asm_summary(K.matvec_q4_0_sdot)["packed"].get("sdot", 0) >= 2
+    assert A.asm_summary(K.matvec_q4_0_sdot)["packed"].get("sdot", 0) >= 2
 
 
 # ------------------------------------------------------------------ host features (fixture cpuinfo files)
 def test_x86_features_come_from_the_flags_line_only():
     text = (FIXTURES / "x86-zen4" / "cpuinfo").read_text()
-    f = registry.features_from(text, "x86_64")
+    f = host.features_from(text, "x86_64")
     assert {"avx2", "avx512_vnni", "x86_64"} <= f and "dotprod" not in f and "asimddp" not in f
 
 
 def test_arm_features_come_from_the_features_line_and_hwcap():
     text = (FIXTURES / "rk3588" / "proc" / "cpuinfo").read_text()
-    f = registry.features_from(text, "aarch64", hwcap=0)
+    f = host.features_from(text, "aarch64", hwcap=0)
     assert {"asimddp", "dotprod", "aarch64"} <= f and "i8mm" not in f
-    assert "dotprod" not in registry.features_from(text.replace(" asimddp", ""), "aarch64", hwcap=0)
+    assert "dotprod" not in host.features_from(text.replace(" asimddp", ""), "aarch64", hwcap=0)
 
 
 def test_an_emulated_a76_ignores_the_x86_hosts_cpuinfo():
     """qemu-user shows the host's /proc/cpuinfo to the emulated process: its x86 ``flags`` must not
     count on aarch64 (they would pick VNNI kernels); AT_HWCAP (bit 20, asimddp) tells the truth."""
     text = (FIXTURES / "x86-zen4" / "cpuinfo").read_text()
-    f = registry.features_from(text, "aarch64", hwcap=registry.HWCAP_ASIMDDP)
+    f = host.features_from(text, "aarch64", hwcap=host.HWCAP_ASIMDDP)
     assert "avx512_vnni" not in f and "avx2" not in f and {"dotprod", "aarch64"} <= f
-    assert "dotprod" not in registry.features_from(text, "aarch64", hwcap=0)
+    assert "dotprod" not in host.features_from(text, "aarch64", hwcap=0)
     assert registry.q4_load_layout(f) == "Q4_0_R32"
     # and the other way round: an ARM cpuinfo never lends its Features to x86
     arm = (FIXTURES / "rk3588" / "proc" / "cpuinfo").read_text()
-    assert "dotprod" not in registry.features_from(arm, "x86_64")
+    assert "dotprod" not in host.features_from(arm, "x86_64")
 
 
 def test_the_host_reports_its_own_isa():
     f = registry.host_features()
-    assert K.host_isa() in f
+    assert A.host_isa() in f
     if ARM:
         assert not f & {"avx2", "avx512_vnni"}
     else:

@@ -1,13 +1,14 @@
-"""The 16-row Q4_0 layout and its kernels (kestrel_lab.engine.kernels_v16): the layout is what its
+"""The 16-row Q4_0 layout and its kernels (kestrel_lab.kernels.v16): the layout is what its
 docstring says, the VNNI kernels' integer sums equal the portable kernels' bit for bit, and both give
 the row-interleaved kernels' results exactly."""
 import numpy as np
 import pytest
 
 from kestrel_lab import quant as Q
-from kestrel_lab.engine import kernels as K
-from kestrel_lab.engine import kernels_v16 as V
-from kestrel_lab.engine import registry
+from kestrel_lab.kernels import ops as K
+from kestrel_lab.kernels import asm as A
+from kestrel_lab.kernels import v16 as V
+from kestrel_lab.kernels import registry
 
 VNNI = "avx512_vnni" in registry.host_features()
 needs_vnni = pytest.mark.skipif(not VNNI, reason="the host has no AVX-512 VNNI (vpdpbusd): only the portable "
@@ -144,19 +145,19 @@ def test_v16_kernels_equal_the_row_interleaved_ones(isa, matvec, matvec3, swiglu
 def _engine_run(path, monkeypatch, layout, features=None):
     """Prefill and three decode steps with the Q4 layout forced and, when given, the host's features."""
     from kestrel_lab.engine import Qwen3Engine
-    from kestrel_lab.engine import model as M
+    from kestrel_lab.kernels import linear as M
 
     monkeypatch.setenv("KESTREL_Q4_LAYOUT", layout)
     if features is not None:
         monkeypatch.setattr(registry, "host_features", lambda: features)
-    M._kernel.cache_clear()                       # the engine caches its registry choices per process
+    M.kernel_for.cache_clear()                       # the engine caches its registry choices per process
     before = registry.used()
     try:
         eng = Qwen3Engine.from_vqf(path, max_context=64)
         first = eng.prefill([151644, 872, 198, 100, 200, 300])
         steps = [eng.decode(t) for t in (400, 500, 600)]
     finally:
-        M._kernel.cache_clear()
+        M.kernel_for.cache_clear()
     ran = {k for k, n in registry.used().items() if n > before.get(k, 0)}
     return eng.q4_layout, np.stack([first, *steps]), ran
 
@@ -189,19 +190,19 @@ def test_the_engine_on_an_avx2_host_runs_the_avx2_kernels_with_the_same_logits(m
 
 _COMPILE_VNNI = r'''
 from numba import njit, types as T
-from kestrel_lab.engine import kernels as K, kernels_v16 as V
+from kestrel_lab.kernels import asm as A, v16 as V
 a2 = lambda dt: T.Array(dt, 2, "C")
 sig = (a2(T.uint8), a2(T.uint16), a2(T.int8), a2(T.int16), a2(T.float32), a2(T.float32), T.int64)
 f = njit(parallel=True, fastmath=True)(V.matmul_q4_v16_vnni.py_func)
 f.compile(sig)
-print(K.parse_asm(f.inspect_asm(sig), "x86_64")["packed"].get("vpdpbusd", 0))
+print(A.parse_asm(f.inspect_asm(sig), "x86_64")["packed"].get("vpdpbusd", 0))
 '''
 AVX512_VNNI_CPU = {"NUMBA_CPU_NAME": "icelake-server",
                    "NUMBA_CPU_FEATURES": "+avx512f,+avx512bw,+avx512dq,+avx512vl,+avx512cd,+avx512vnni,+avx2,+avx,"
                                          "+fma,+f16c,+bmi,+bmi2,+popcnt,+sse4.2,+lzcnt,+movbe"}
 
 
-@pytest.mark.skipif(K.host_isa() != "x86_64", reason="the VNNI kernels are x86 code")
+@pytest.mark.skipif(A.host_isa() != "x86_64", reason="the VNNI kernels are x86 code")
 def test_the_vnni_prefill_kernel_compiles_to_vpdpbusd_for_an_avx512_vnni_cpu(tmp_path):
     """Where the host cannot run VNNI, still compile (never run) the prefill kernel for an AVX-512 VNNI
     CPU: 8 ``vpdpbusd`` per token and block, 4 tokens in ``block16x4_fma`` + 1 for the remainder."""
@@ -217,18 +218,18 @@ def test_the_vnni_prefill_kernel_compiles_to_vpdpbusd_for_an_avx512_vnni_cpu(tmp
 
 _COMPILE_AVX2 = r'''
 from numba import njit, types as T
-from kestrel_lab.engine import kernels as K, kernels_v16 as V
+from kestrel_lab.kernels import asm as A, v16 as V
 a2 = lambda dt: T.Array(dt, 2, "C")
 sig = (a2(T.uint8), a2(T.uint16), a2(T.int8), a2(T.int16), a2(T.float32), a2(T.float32), T.int64)
 f = njit(parallel=True, fastmath=True)(V.matmul_q4_v16_avx2.py_func)
 f.compile(sig)
-s = K.parse_asm(f.inspect_asm(sig), "x86_64")
+s = A.parse_asm(f.inspect_asm(sig), "x86_64")
 print(s["packed"].get("vpmaddubsw", 0), s["packed"].get("vpmaddwd", 0), s["registers"]["zmm"], s["packed"].get("vpdpbusd", 0))
 '''
 AVX2_CPU = {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx2,+avx,+fma,+f16c,+bmi,+bmi2,+popcnt,+sse4.2,+lzcnt,+movbe"}
 
 
-@pytest.mark.skipif(K.host_isa() != "x86_64", reason="the AVX2 kernels are x86 code")
+@pytest.mark.skipif(A.host_isa() != "x86_64", reason="the AVX2 kernels are x86 code")
 def test_the_avx2_prefill_kernel_compiles_to_vpmaddubsw_on_ymm_for_an_avx2_cpu(tmp_path):
     """Compiled for an AVX2-only CPU (Haswell; AMD Zen 2/3 are the same ISA), each 512-bit vector is two
     ymm halves: 16 ``vpmaddubsw`` and 2 ``vpmaddwd`` per token and block, 4 tokens in ``block16x4_fma``

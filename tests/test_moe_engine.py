@@ -169,7 +169,7 @@ def test_q4_0_grouped_kernel_equals_expert_by_expert(checkpoint):
     out_grouped = np.empty((g.n_pairs, 64), np.float32)
     ml.kernel(ml.experts, a, g, out_grouped)
     out_each = np.empty_like(out_grouped)
-    from kestrel_lab.engine.registry import _experts_by_expert
+    from kestrel_lab.kernels.registry import _experts_by_expert
     _experts_by_expert(ml.experts, a, g, out_each)
     np.testing.assert_allclose(out_grouped, out_each, rtol=1e-4, atol=1e-4 * np.abs(out_each).max())
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from kestrel_lab import quant as Q
-from kestrel_lab.engine import registry
+from kestrel_lab.kernels import registry
 
 LAYOUTS = [q.name for q in Q.QTYPES.values()] + list(registry.PLANE_LAYOUTS)
 

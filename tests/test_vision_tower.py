@@ -11,7 +11,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is a tes
 from transformers import vision_utils  # noqa: E402
 
 from kestrel_lab import models  # noqa: E402
-from kestrel_lab.vision import kernels as VK  # noqa: E402
+from kestrel_lab.kernels import vision as VK  # noqa: E402
 from kestrel_lab.vision import tower as T  # noqa: E402
 from kestrel_lab.vqf.reader import open_vqf  # noqa: E402
 

@@ -6,8 +6,8 @@ the two outputs say, for every byte of the layout, which row and which byte of t
 it is. Nothing here describes a format: change a repack function and the picture follows.
 
 Layouts: ``Q4_0`` (plain rows, 18 bytes per block), ``Q4_8X8L`` (``quant.repack_q4_8x8l``: 8 rows,
-scales then two 8×8 tiles), ``Q4_0_R32`` (``kernels.repack_q4_0_to_r32``: 32 rows, nibble plane
-then scale plane) and ``Q4_0_V16`` (``kernels_v16.repack_q4_0_to_v16``: 16 rows, 4 chunks of 64 bytes
+scales then two 8×8 tiles), ``Q4_0_R32`` (``kernels.ops.repack_q4_0_to_r32``: 32 rows, nibble plane
+then scale plane) and ``Q4_0_V16`` (``kernels.v16.repack_q4_0_to_v16``: 16 rows, 4 chunks of 64 bytes
 per block, then the scale plane). ``draw_map`` draws any such map, e.g. one a notebook derives itself.
 Taught in day06_2, day06_3 and day07_1.
 """
@@ -24,8 +24,8 @@ MAX_BLOCKS = 255 // Q4_BYTES                                        # byte tags 
 def _repack(layout: str, src: np.ndarray) -> np.ndarray:
     """``src`` (rows, nb·18) uint8 in ``layout``'s storage order, as one flat uint8 array."""
     from kestrel_lab import quant
-    from kestrel_lab.engine import kernels as K
-    from kestrel_lab.engine import kernels_v16 as V
+    from kestrel_lab.kernels import ops as K
+    from kestrel_lab.kernels import v16 as V
 
     rows, rb = src.shape
     nb = rb // Q4_BYTES

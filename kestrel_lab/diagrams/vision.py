@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kestrel_lab.vision.positions import axis_of_frequency
+from kestrel_lab.kernels.rope import axis_of_frequency
 from kestrel_lab.vision.preprocess import patchify
 
 AXIS_NAMES = ("t 时间", "h 行", "w 列")

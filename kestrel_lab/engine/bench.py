@@ -127,9 +127,9 @@ def kernel_speeds(threads: int, rows: int = 98_304, cols: int = 1024, repeat: in
     The default (98,304 × 1,024: 57 MB at Q4_0, 107 MB at Q8_0) is larger than the last-level cache,
     so the figures are DRAM figures, comparable with the read bandwidth. Taught in day07_3.
     """
-    from kestrel_lab.engine import kernels as K
-    from kestrel_lab.engine import kernels_v16 as V
-    from kestrel_lab.engine.registry import host_features
+    from kestrel_lab.kernels import ops as K
+    from kestrel_lab.kernels import v16 as V
+    from kestrel_lab.kernels.registry import host_features
     from kestrel_lab.threads import numba_threads
 
     rng = np.random.default_rng(0)

@@ -327,6 +327,7 @@ def _read_line(prompt: str) -> str | None:
 def _chat(args) -> int:
     from kestrel_lab.engine.chat import Conversation
     from kestrel_lab.engine.vl import VLConversation
+    from kestrel_lab.vision.positions import image_token_count
 
     engine, tok, params = _load(args)
     vl = _is_vl(engine)
@@ -364,7 +365,8 @@ def _chat(args) -> int:
                 pending.append(im)
                 t, h, w = im.grid_thw
                 print(f"(image {len(pending)} attached: {path}, grid {t}×{h}×{w}, "
-                      f"{t * h * w // engine.merge ** 2} tokens; it goes with your next message)", file=sys.stderr)
+                      f"{image_token_count(im.grid_thw, engine.merge)} tokens; it goes with your next message)",
+                      file=sys.stderr)
             continue
         _write("助手> ")
         try:

@@ -28,12 +28,12 @@ numpy view of the mapping (zero copy; pages come from the OS page cache on first
 a second start is fast). F32/F16/Q8_0 and Q4_8X8L (``--quant q4_8x8l``, the 64-lane kernel) are
 used in place. Plain Q4_0 is the exception, stated plainly: by default (``interleave=True``) each
 Q4_0 matrix whose per-layer row count is a multiple of 32 is copied once at load into the split,
-row-interleaved layout of ``kernels.repack_q4_0_to_r32`` (anonymous memory, the same byte count as
+row-interleaved layout of ``kernels.ops.repack_q4_0_to_r32`` (anonymous memory, the same byte count as
 the Q4 weights: ~0.3 s for Qwen3-0.6B's 336 MB on two cores). Its kernels make rows the SIMD lanes
 and decode ~2.5× faster than the 16-lane kernel on the file's layout, prefill ~4× faster; with
 every layer matrix in that layout a decode step runs all layers in one numba call
 (``decode_layers_r32``). On a host with AVX-512 VNNI the copy is the 16-row layout of
-``kernels_v16`` instead (``registry.q4_load_layout``: the same bytes again, multiplied with
+``kernels.v16`` instead (``registry.q4_load_layout``: the same bytes again, multiplied with
 ``vpdpbusd``; the same sums, bit for bit). ``interleave=False`` (or ``KESTREL_Q4_LAYOUT=plain``) keeps the
 file's layout (zero copy: the 16-lane kernels, or on a ``dotprod`` CPU such as the board's A76 the int8-dot
 ``sdot`` kernels); ``repack=True`` copies plain Q4_0 into Q4_8X8L instead. ``kestrel-lab bench`` shows all.
@@ -48,20 +48,21 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
 
 from kestrel_lab import limits
 from kestrel_lab import quant as Q
 from kestrel_lab.config import ATTENTION_TRAITS, ModelConfig
-from kestrel_lab.engine import kernels as K
-from kestrel_lab.engine import kernels_v16 as V
 from kestrel_lab.engine import moe as M
-from kestrel_lab.engine import registry
-from kestrel_lab.engine.attention import attend
 from kestrel_lab.engine.kv import ContextFullError, KVCache
-from kestrel_lab.engine.rope import apply_rope, mrope_cos_sin, rope_cos_sin
+from kestrel_lab.kernels import ops as K
+from kestrel_lab.kernels import registry
+from kestrel_lab.kernels import v16 as V
+from kestrel_lab.kernels.attention import attend
+from kestrel_lab.kernels.host import host_features
+from kestrel_lab.kernels.linear import Activation, Linear, RawTensor, fused_kernel, kernel_for
+from kestrel_lab.kernels.rope import apply_rope, mrope_cos_sin, rope_cos_sin
 from kestrel_lab.memory_check import check_memory, engine_needs
 from kestrel_lab.threads import numba_threads, resolve_threads
 from kestrel_lab.vqf.layout import dense_ffn_name, text_specs
@@ -96,124 +97,10 @@ class ImageEmbeds:
         return ImageEmbeds(m, self.embeds[a:a + n], [d[a:a + n] for d in self.deepstack])
 
 
-@dataclass
-class RawTensor:
-    """A tensor given as bytes (qtype, rows, cols, flat uint8): what a VQF directory entry points at.
-
-    ``from_tensors`` accepts any object with these four attributes (the VQF reader's ``VQFTensor``
-    has them), so tests and notebooks can run the engine on weights built in memory. Taught in day12_2.
-    """
-    qtype: int
-    rows: int
-    cols: int
-    data: np.ndarray
-
-
-class Linear:
-    """One weight matrix (or one layer's slice of a stacked one) in its storage format.
-
-    ``__call__(act)`` returns ``act.x @ W.T`` as float32 (T, rows) with the kernels the registry
-    gives its layout (``kernel_one`` for one token, ``kernel_many`` for many). ``r32``: the
-    (nibbles, scales) planes of a plain Q4_0 matrix made by ``kernels.repack_q4_0_to_r32``; when
-    given, the layout is ``planes_layout`` (``Q4_0_R32`` or ``Q4_0_V16``) and they are what the kernels read.
-    Taught in day12_1.
-    """
-
-    def __init__(self, qtype: int, rows: int, cols: int, data: np.ndarray, name: str = "", r32=None,
-                 planes_layout: str = "Q4_0_R32"):
-        self.qt = Q.qtype(qtype)
-        self.rows, self.cols, self.name = rows, cols, name
-        self.nbytes = int(data.size)
-        # Plain Q4_0 split and row-grouped at load (``kernels.repack_q4_0_to_r32``, or
-        # ``kernels_v16.repack_q4_0_to_v16`` for ``planes_layout="Q4_0_V16"``): the planes (nibbles,
-        # scales) that every product with this matrix then reads instead of ``w``.
-        self.nib, self.sc = r32 if r32 is not None else (None, None)
-        self.planes_layout = planes_layout
-        q = self.qt
-        if q is Q.F32:
-            self.w = data.view("<f4").reshape(rows, cols)
-        elif q is Q.F16:
-            self.w = data.view("<u2").reshape(rows, cols)
-        elif q is Q.Q4_8X8L:
-            self.w = data.reshape(-1)
-        else:
-            self.w = data.reshape(rows, self.nbytes // rows)
-        if self.w.flags.writeable:          # one numba specialization for mmap and in-memory weights
-            self.w = self.w.view()
-            self.w.setflags(write=False)
-        self.layout = registry.layout_of(self)
-        self.kernel_one, self.kernel_many = _kernel(self.layout, "one"), _kernel(self.layout, "many")
-
-    def __call__(self, act: "Activation") -> np.ndarray:
-        T = act.x.shape[0]
-        out = np.empty((T, self.rows), dtype=np.float32)
-        (self.kernel_one if T == 1 else self.kernel_many)(self, act, out)
-        return out
-
-
-class Activation:
-    """Activations (T, K) float32 and, computed on first use, their Q8_0 and Q4_8X8L-lane forms.
-
-    Several matrices read the same vector (q/k/v; gate/up), so it is quantized once. Taught in day05_3.
-    """
-
-    def __init__(self, x: np.ndarray):
-        self.x = np.ascontiguousarray(x, dtype=np.float32)
-        self._q8 = None
-        self._e = None
-        self._c = None
-
-    def q8(self):
-        """(int8 values, float32 scales) of the Q8_0 form, computed once. Taught in day05_3."""
-        if self._q8 is None:
-            T, Kd = self.x.shape
-            xq = np.empty((T, Kd), np.int8)
-            xd = np.empty((T, Kd // K.QK), np.float32)
-            K.quantize_rows(self.x, xq, xd)
-            self._q8 = (xq, xd)
-        return self._q8
-
-    def q8c(self):
-        """(int8 values, ``−8·Σx`` per block, scales) for the row-interleaved Q4_0 kernels, computed once.
-
-        Taught in day23_2."""
-        if self._c is None:
-            xq, xd = self.q8()
-            xc = np.empty(xd.shape, np.int16)
-            K.act_block_sums(xq, xc)
-            self._c = xc
-        return self._q8[0], self._c, self._q8[1]
-
-    def x8x8(self):
-        """(int16 lane planes, scales) for the Q4_8X8L kernels, computed once. Taught in day06_2."""
-        if self._e is None:
-            xq, xd = self.q8()
-            T, Kd = xq.shape
-            xe = np.empty((T, Kd // K.QK, 5, 64), np.int16)
-            K.expand_act_8x8(xq, xe)
-            self._e = (xe, xd)
-        return self._e
-
-
-@lru_cache(maxsize=None)
-def _kernel(layout: str, call: str):
-    k = registry.select(layout, call)
-    if k is None and call in ("one", "many"):
-        raise ValueError(f"no kernel is registered for {layout} weights ({call})")
-    return k
-
-
-def _fused(call: str, a: "Activation", *mats: Linear):
-    """The registry's fused kernel for one token and matrices of one layout, else None."""
-    if a.x.shape[0] != 1 or any(m.layout != mats[0].layout for m in mats):
-        return None
-    return _kernel(mats[0].layout, call)
-
-
 def _qkv(m: dict, a: "Activation"):
     """Q, K and V of one layer (one fused parallel region for a decode step where one exists)."""
     wq, wk, wv = m["q4_q"], m["q4_k"], m["q4_v"]
-    fused = _fused("qkv", a, wq, wk, wv)
+    fused = fused_kernel("qkv", a, wq, wk, wv)
     if fused is None:
         return wq(a), wk(a), wv(a)
     q, k, v = (np.empty((1, w.rows), np.float32) for w in (wq, wk, wv))
@@ -224,7 +111,7 @@ def _qkv(m: dict, a: "Activation"):
 def _swiglu(m: dict, a: "Activation") -> np.ndarray:
     """silu(Wgate x) · (Wup x) (one fused pass for a decode step where one exists)."""
     wg, wu = m["q4_gate"], m["q4_up"]
-    fused = _fused("swiglu", a, wg, wu)
+    fused = fused_kernel("swiglu", a, wg, wu)
     if fused is None:
         g, u = wg(a), wu(a)
         K.silu_mul_rows(g, u, g)
@@ -377,7 +264,7 @@ class Qwen3Engine:
         # The whole-step kernel (registry call "layers") needs every layer matrix row-interleaved.
         self._planes = (tuple(a for name in MATRICES for a in planes[name])
                         if all(name in planes for name in MATRICES) else None)
-        self._step = _kernel(self.q4_layout, "layers") if self._planes is not None else None
+        self._step = kernel_for(self.q4_layout, "layers") if self._planes is not None else None
         self.layers = []
         self.moe_layers: dict[int, M.MoELayer] = {}
         for layer in range(L):
@@ -429,8 +316,7 @@ class Qwen3Engine:
         if len(q) != 1:
             raise ValueError(f"{self.source}: the three expert stacks have different qtypes "
                              f"{sorted(Q.qtype(x).name for x in q)}")
-        stack = M.ExpertStack(k, c, tensors["q4_gate_exps"], tensors["q4_up_exps"], tensors["q4_down_exps"],
-                              Linear, Activation)
+        stack = M.ExpertStack(k, c, tensors["q4_gate_exps"], tensors["q4_up_exps"], tensors["q4_down_exps"])
         return M.MoELayer(router, stack, c.num_experts_per_tok, c.norm_topk_prob, self.expert_paging)
 
     # ------------------------------------------------------------------ construction
@@ -502,7 +388,7 @@ class Qwen3Engine:
         by_layout: dict[str, dict] = {}
         for w in mats:
             by_layout.setdefault(w.layout, {"one": w.kernel_one.name, "many": w.kernel_many.name,
-                                            **{c: (k.name if (k := _kernel(w.layout, c)) else None)
+                                            **{c: (k.name if (k := kernel_for(w.layout, c)) else None)
                                                for c in ("qkv", "swiglu")}})
         experts = {}
         for ml in self.moe_layers.values():
@@ -511,7 +397,7 @@ class Qwen3Engine:
         return {"matrices": by_layout, "experts": experts,
                 "decode_step": self._step.name if self._step else None,
                 "q4_layout": self.q4_layout if any(w.nib is not None for w in mats) else None,
-                "isa": sorted(f for f in registry.host_features() if f in ("avx2", "avx512f", "avx512_vnni",
+                "isa": sorted(f for f in host_features() if f in ("avx2", "avx512f", "avx512_vnni",
                                                                             "avx_vnni", "dotprod", "i8mm"))}
 
     @property
@@ -717,4 +603,4 @@ class Qwen3Engine:
             return self.lm_head(Activation(hn))
 
 
-__all__ = ["Qwen3Engine", "RawTensor", "ImageEmbeds", "Linear", "Activation", "ContextFullError"]
+__all__ = ["Qwen3Engine", "ImageEmbeds", "ContextFullError"]

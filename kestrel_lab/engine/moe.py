@@ -20,7 +20,7 @@ read from the disk.
 rows) items, so each chosen expert's matrices are read once per chunk whatever the number of its
 tokens. For one token (decode) that is exactly k experts × 3 matrices. Which kernel runs comes from
 the registry (call ``experts``): plain Q4_0 has a numba kernel on the file's layout
-(``kernels.experts_swiglu_q4_0`` / ``experts_down_q4_0``, one parallel region per half); every other
+(``kernels.ops.experts_swiglu_q4_0`` / ``experts_down_q4_0``, one parallel region per half); every other
 layout goes expert by expert through the ordinary ``many`` kernels on per-expert views.
 
 **Paging** (``paging``): "os" leaves the mapping to the kernel's defaults — a page fault reads ahead
@@ -43,7 +43,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kestrel_lab.engine import registry
+from kestrel_lab.kernels import registry
+from kestrel_lab.kernels.linear import Activation, Linear
 from kestrel_lab.vqf.layout import plan
 
 
@@ -139,16 +140,15 @@ class ExpertStack:
 
     ``gate``/``up``: (E, m, row bytes) and ``down``: (E, h, row bytes) for the plain block layouts (a
     reshape of the mapped bytes, no copy); ``linear(kind, e)`` gives one expert's matrix as a
-    ``model.Linear`` for the layouts without a grouped kernel. ``expert_bytes``: bytes of one expert's
+    ``kernels.linear.Linear`` for the layouts without a grouped kernel. ``expert_bytes``: bytes of one expert's
     three matrices (what a token reads per chosen expert). Taught in day22_2.
     """
 
-    def __init__(self, k: int, config, gate, up, down, linear_cls, activation_cls):
+    def __init__(self, k: int, config, gate, up, down):
         E, m, h = config.num_experts, config.moe_intermediate_size, config.hidden_size
         self.E, self.m, self.h, self.index = E, m, h, k
         self.qtype = gate.qtype
-        self._linear_cls = linear_cls
-        self.activation = activation_cls              # model.Activation (passed in: no import cycle)
+        self.activation = Activation
         self._cache: dict = {}
         self._raw = {}
         for kind, t, rows in (("gate", gate, m), ("up", up, m), ("down", down, h)):
@@ -159,7 +159,7 @@ class ExpertStack:
                 flat.setflags(write=False)
             self._raw[kind] = (flat, per, rows, t.cols)
         self.expert_bytes = sum(per for _, per, _, _ in self._raw.values())
-        first = linear_cls(self.qtype, m, gate.cols, self._raw["gate"][0][:self._raw["gate"][1]])
+        first = Linear(self.qtype, m, gate.cols, self._raw["gate"][0][:self._raw["gate"][1]])
         self.layout = first.layout
         if self.layout in ("F32", "F16", "Q8_0", "Q4_0"):
             g, u, d = (self._raw[x][0].reshape(E, self._raw[x][2], -1) for x in ("gate", "up", "down"))
@@ -182,8 +182,8 @@ class ExpertStack:
         key = (kind, e)
         if key not in self._cache:
             flat, per, rows, cols = self._raw[kind]
-            self._cache[key] = self._linear_cls(self.qtype, rows, cols, flat[e * per:(e + 1) * per],
-                                                f"{kind}_exps[{self.index}][{e}]")
+            self._cache[key] = Linear(self.qtype, rows, cols, flat[e * per:(e + 1) * per],
+                                     f"{kind}_exps[{self.index}][{e}]")
         return self._cache[key]
 
 

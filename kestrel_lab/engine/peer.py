@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from kestrel_lab import paths
-from kestrel_lab.engine.registry import host_features
+from kestrel_lab.kernels.registry import host_features
 
 PEER = "llama.cpp"
 PEERS = (PEER,)
@@ -157,7 +157,7 @@ def cpu_model() -> str:
 
 def isa_flags() -> dict:
     """Which of ``ISA_FLAGS`` this host has (``registry.host_features``)."""
-    from kestrel_lab.engine.registry import host_features
+    from kestrel_lab.kernels.registry import host_features
 
     feats = host_features()
     return {f: f in feats for f in ISA_FLAGS}

@@ -34,16 +34,9 @@ from kestrel_lab.vision import positions as P
 from kestrel_lab.vision import prompt as VP
 from kestrel_lab.vision.tower import VisionOutput, VisionTower
 
-__all__ = ["Qwen3VLEngine", "VLConversation", "VLTurnResult", "open_engine", "image_pad_runs"]
+__all__ = ["Qwen3VLEngine", "VLConversation", "VLTurnResult", "open_engine"]
 
 FEATURE_CACHE = 16  # images whose tower output a conversation keeps (by content key)
-
-
-def image_pad_runs(ids: np.ndarray, image_pad_id: int) -> list[tuple[int, int]]:
-    """(start, end) of each run of image pads in ``ids``: one run per image. Taught in day21_3."""
-    is_pad = np.concatenate([[False], np.asarray(ids) == image_pad_id, [False]])
-    edges = np.flatnonzero(is_pad[1:] != is_pad[:-1])
-    return [(int(a), int(b)) for a, b in zip(edges[0::2], edges[1::2])]
 
 
 def _key(image) -> str:
@@ -101,7 +94,7 @@ class Qwen3VLEngine(Qwen3Engine):
             raise ValueError(f"prefill_vl: keep={keep} must be in [0, {ids.size})")
         if keep > self.pos:
             raise ValueError(f"prefill_vl: keep={keep} but the cache holds only {self.pos} tokens")
-        runs = image_pad_runs(ids, self.image_pad_id)
+        runs = P.image_pad_runs(ids, self.image_pad_id)
         if len(runs) != len(images):
             raise ValueError(f"prefill_vl: {len(runs)} runs of image pads in the ids but {len(images)} images")
         positions = self.positions_for(ids, images)

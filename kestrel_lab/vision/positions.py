@@ -1,4 +1,4 @@
-"""Qwen3-VL's 3-D rotary positions (MRoPE) for a prompt with images, and their cos/sin tables.
+"""Qwen3-VL's 3-D rotary positions (MRoPE) for a prompt with images: where each token sits on (t, h, w).
 
 A text token has one position p, written three times: (t, h, w) = (p, p, p). An image's ``<|image_pad|>``
 tokens (one per 2×2 block of patches, row-major over the merged grid H' × W') all start from the
@@ -13,21 +13,15 @@ token, decode included, gets position ``index + delta`` on all three axes. This 
 ``Qwen3VLModel.get_rope_index`` / ``get_vision_position_ids`` rule, rewritten in numpy (and tested
 against it).
 
-The frequency side (``mrope_cos_sin``): head_dim/2 frequencies, each assigned to one axis. Qwen3-VL
-*interleaves* them — index 0, 3, 6, … take t, 1, 4, … take h, 2, 5, … take w for the first
-3·sections, the rest stay t (``recomposition_frequencies``), e.g. [24, 20, 20] for head_dim 128 — then
-duplicates the half for rotate-half RoPE. With t = h = w (text only) every axis gives the same angle,
-so the tables equal plain 1-D RoPE exactly.
-
-numpy only, and nothing from the engine: the engine imports this module (an import back would be a cycle).
-Taught in day21_2 (positions) and day18_3 (frequencies).
+The frequency side — which of the head_dim/2 frequencies follows t, h or w, and the cos/sin tables — is
+``kernels.rope`` (``axis_of_frequency``, ``mrope_cos_sin``): one function for the engine and the lessons.
+numpy only. Taught in day21_1 and day21_2.
 """
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["mrope_positions", "mrope_cos_sin", "inv_freq", "axis_of_frequency", "image_token_count",
-           "image_pad_runs"]
+__all__ = ["mrope_positions", "image_token_count", "image_pad_runs"]
 
 
 def image_token_count(grid_thw, merge_size: int = 2) -> int:
@@ -90,54 +84,3 @@ def mrope_positions(input_ids, grid_thws, *, image_pad_id: int, merge_size: int 
     out[:, at:] = np.arange(pos, pos + ids.size - at)
     top = int(out.max()) + 1 if ids.size else start
     return out, top - (start + ids.size)
-
-
-def axis_of_frequency(head_dim: int, mrope_section, interleaved: bool = True) -> np.ndarray:
-    """For each of the head_dim/2 frequencies, the axis (0 t, 1 h, 2 w) whose position drives it.
-
-    Interleaved (Qwen3-VL): t, h, w, t, h, w … over 3·sections[1] indices, the rest t. Chunked (Qwen2-VL's
-    layout, for comparison): the first sections[0] t, the next sections[1] h, the rest w. Taught in day18_3.
-    """
-    half = head_dim // 2
-    sec = [int(s) for s in mrope_section]
-    if head_dim % 2 or len(sec) != 3 or sum(sec) != half:
-        raise ValueError(f"mrope_section {sec} must be 3 numbers summing to head_dim/2 = {half}")
-    axis = np.zeros(half, dtype=np.int64)
-    if interleaved:
-        for ax, offset in ((1, 1), (2, 2)):       # recomposition_frequencies: slice(offset, 3·sec[ax], 3)
-            axis[offset:3 * sec[ax]:3] = ax
-    else:
-        axis[sec[0]:sec[0] + sec[1]] = 1
-        axis[sec[0] + sec[1]:] = 2
-    return axis
-
-
-def inv_freq(head_dim: int, theta: float) -> np.ndarray:
-    """The head_dim/2 inverse frequencies ``theta^(-2i/D)``, float32, each the correctly rounded value.
-
-    transformers computes ``theta ** (arange(0, D, 2) / D)`` with torch's float32 ``pow``, which is within
-    an ulp of this (on this machine it differs for one of the 64 frequencies of head_dim 128); numpy's
-    own float32 ``power`` is less exact, so the power is taken in float64 and rounded once.
-    Taught in day18_3.
-    """
-    if head_dim % 2:
-        raise ValueError(f"head_dim={head_dim} must be even for RoPE")
-    expo = (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim))
-    power = np.float64(theta) ** expo.astype(np.float64)
-    return (np.float32(1.0) / power.astype(np.float32)).astype(np.float32)
-
-
-def mrope_cos_sin(positions, head_dim: int, theta: float, mrope_section,
-                  interleaved: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """float32 cos and sin, (n, head_dim), for 3-D positions (3, n): rotate-half RoPE with MRoPE.
-
-    Computed as transformers does (float32 inverse frequencies, float32 angles), then the half is repeated
-    (``cat(f, f)``) so row i rotates coordinates i and i + head_dim/2 by the same angle. Taught in day18_3.
-    """
-    p = np.asarray(positions)
-    if p.ndim != 2 or p.shape[0] != 3:
-        raise ValueError(f"mrope_cos_sin: positions must have shape (3, n), got {p.shape}")
-    axis = axis_of_frequency(head_dim, mrope_section, interleaved)
-    ang = p.astype(np.float32)[axis, :].T * inv_freq(head_dim, theta)[None, :]     # (n, half)
-    ang = np.concatenate([ang, ang], axis=1)
-    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)

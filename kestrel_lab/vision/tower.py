@@ -33,11 +33,12 @@ import numpy as np
 
 from kestrel_lab import quant as Q
 from kestrel_lab.config import ModelConfig
-from kestrel_lab.engine import registry
-from kestrel_lab.engine.model import Activation, Linear
-from kestrel_lab.engine.rope import apply_rope
+from kestrel_lab.kernels import registry
+from kestrel_lab.kernels import vision as VK
+from kestrel_lab.kernels.linear import Activation, Linear
+from kestrel_lab.kernels.rope import apply_rope
 from kestrel_lab.threads import numba_threads, resolve_threads
-from kestrel_lab.vision import kernels as VK
+from kestrel_lab.vision.positions import image_token_count
 from kestrel_lab.vqf.layout import vision_specs
 
 LN_EPS = 1e-6          # hard-coded in transformers' vision blocks and mergers
@@ -163,7 +164,7 @@ def attend_segments(q: np.ndarray, k: np.ndarray, v: np.ndarray, cu: np.ndarray)
     """Bidirectional multi-head attention inside each segment: q, k, v (N, heads, D) → (N, heads·D).
 
     Scores ``q·k/√D`` for every pair of patches of the same segment (no causal mask), softmax over
-    keys, weighted sum of values: ``kernels.attend_bidirectional``, fused, one (head, patch) pair per
+    keys, weighted sum of values: ``kernels.vision.attend_bidirectional``, fused, one (head, patch) pair per
     work item, so the n×n score matrix is never stored (measured 3.6× faster than per-head numpy
     matmuls + softmax at 1,200 patches on 2 cores). Taught in day19_2.
     """
@@ -351,7 +352,7 @@ class VisionTower:
                     k = v.deepstack_visual_indexes.index(layer)
                     feats.append(self.merge_tokens(x, self.ds_mergers[k], postshuffle=True))
             embeds = self.merge_tokens(x, self.merger, postshuffle=False)
-        tokens = [int(t * h * w) // self.merge ** 2 for t, h, w in g]
+        tokens = [image_token_count(r, self.merge) for r in g]
         return VisionOutput(embeds, feats, tokens, time.perf_counter() - t0, [tuple(int(a) for a in r) for r in g])
 
     def encode_images(self, images) -> VisionOutput:
@@ -372,7 +373,8 @@ class VisionTower:
         N = int(g.prod(axis=1).sum())
         W, I, md, out = v.hidden_size, v.intermediate_size, v.merged_dim, v.out_hidden_size
         lin = N * v.patch_dim * W + v.depth * N * (3 * W * W + W * W + 2 * W * I)
-        lin += (N // self.merge ** 2) * (md * md + md * out) * (1 + len(v.deepstack_visual_indexes))
+        merged = sum(image_token_count(r, self.merge) for r in g)
+        lin += merged * (md * md + md * out) * (1 + len(v.deepstack_visual_indexes))
         seg = np.repeat(g[:, 1] * g[:, 2], g[:, 0])
         att = v.depth * int((seg.astype(np.int64) ** 2).sum()) * 2 * W
         return 2 * (lin + att)

@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from kestrel_lab.engine import kernels as K
-from kestrel_lab.engine import kernels_v16 as V
-from kestrel_lab.engine.attention import attend
-from kestrel_lab.engine.rope import apply_rope
+from kestrel_lab.kernels import ops as K
+from kestrel_lab.kernels import v16 as V
+from kestrel_lab.kernels.attention import attend
+from kestrel_lab.kernels.rope import apply_rope
 
 
 @njit(cache=True)
@@ -53,7 +53,7 @@ def make_decode_layers(kind: str):
         absent tensor is an empty (L, 0) array. ``h`` (1, hidden) is updated in place; ``planes`` is the tuple (nibbles, scales)
         × (q, k, v, o, gate, up, down), each the whole stack of layers; ``kc_all``/``vc_all`` the KV
         cache (layers, kv_heads, max_context, head_dim), written at ``pos``; ``nt`` the thread count (each
-        matvec is cut into ``4·nt`` chunks, as ``kernels.n_chunks`` does).
+        matvec is cut into ``4·nt`` chunks, as ``kernels.ops.n_chunks`` does).
         """
         qn, qs, kn, ks, vn, vs, on, os_, gn, gs, un, us, dn, ds = planes
         qb, kb, vb = qkv_bias

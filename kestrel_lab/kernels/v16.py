@@ -1,6 +1,6 @@
 """Q4_0 × Q8_0 with ``vpdpbusd`` (AVX-512 VNNI) or ``vpmaddubsw`` (AVX2): the 16-row layout and its kernels.
 
-``kernels.matvec_q4_r32`` makes rows its SIMD lanes but still multiplies in int16: per 32 weights of
+``kernels.ops.matvec_q4_r32`` makes rows its SIMD lanes but still multiplies in int16: per 32 weights of
 32 rows it spends a load, an AND, a shift, two ``vpmullw`` and two ``vpaddw`` per column. VNNI's
 ``vpdpbusd`` multiplies 64 unsigned bytes by 64 signed bytes and adds each group of four products
 into one of 16 int32 lanes — one instruction for what took four. LLVM never forms it from a plain
@@ -14,7 +14,7 @@ weights, another order): rows in groups of 16 (one int32 lane each); for group `
 weight ``j + 16`` in its high nibble, so one 64-byte load, an AND and a shift give the unsigned
 weights ``4k … 4k+3`` and ``16+4k … 16+4k+3`` of 16 rows, and each meets its four int8 activations,
 broadcast to every lane as one int32 word. Eight ``vpdpbusd`` per block and group; the ``−8·Σx``
-correction of ``kernels.act_block_sums`` is the accumulator's start value (nibbles stay unsigned,
+correction of ``kernels.ops.act_block_sums`` is the accumulator's start value (nibbles stay unsigned,
 as ``vpdpbusd`` wants its first operand). The 16 rows' fp16 scales sit in a separate plane, as in
 ``Q4_0_R32``. Then one conversion, one multiply by ``d_w·d_x`` and one add per row and block — all
 in registers (``block16_fma``): a lane never leaves its register between the integer sum and the
@@ -42,7 +42,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from kestrel_lab.engine import kernels as K
+from kestrel_lab.kernels import ops as K
 
 QV = 16                     # rows per group: one int32 lane of a 512-bit register each
 BLOCK_BYTES = 16 * QV       # nibble bytes of one block of a group (4 chunks of 64)
@@ -172,7 +172,7 @@ def _make_intrinsics(isa: str):
     def block16_fma(typingctx, w, wo, x, xo, c, s, so, dx, F):
         """``F[0:16] += float(c + Σ_j q_rj·x_j) · (s[so:so+16] · dx)`` for one block of 16 rows, kept in
         registers from the integer sum to the float accumulator (``s``: the rows' scales as float32
-        divided by 2^112, ``dx`` the activation scale × 2^112, as in ``kernels._r32_block``)."""
+        divided by 2^112, ``dx`` the activation scale × 2^112, as in ``kernels.ops._r32_block``)."""
         if not (_is(w, types.uint8) and _is(x, types.int32) and _is(s, types.float32) and _is(F, types.float32)
                 and isinstance(wo, types.Integer) and isinstance(xo, types.Integer)
                 and isinstance(so, types.Integer) and c == types.int32 and dx == types.float32):
@@ -314,7 +314,7 @@ def block16x4_fma_portable(w, wo, xw, xo, xs, xc, co, cs, s, so, xd, F, fo):
 
 @njit(cache=True, inline="always")
 def _scales(sc, Si):
-    """fp16 scale bits → float32 bits / 2^112 (``kernels._r32_scales``'s trick), a contiguous loop."""
+    """fp16 scale bits → float32 bits / 2^112 (``kernels.ops._r32_scales``'s trick), a contiguous loop."""
     for i in range(sc.shape[0]):
         h = np.int32(sc[i])
         Si[i] = ((h & 0x8000) << 16) | ((h & 0x7FFF) << 13)

@@ -31,16 +31,15 @@ Taught in day06_1 (host features), day06_3 (the table) and day07_1 (what the boa
 from __future__ import annotations
 
 import os
-import platform
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Callable
 
 import numpy as np
 
-from kestrel_lab.engine import kernels as K
-from kestrel_lab.engine import kernels_v16 as V
-from kestrel_lab.engine import step
+from kestrel_lab.kernels import ops as K
+from kestrel_lab.kernels import step
+from kestrel_lab.kernels import v16 as V
+from kestrel_lab.kernels.host import host_features
 
 CALLS = ("one", "many", "qkv", "swiglu", "layers", "experts", "gemm")
 GEMM_TILE_BYTES = 16 << 20   # float32 bytes of weight rows widened per sgemm (a whole 2B vision matrix)
@@ -78,61 +77,6 @@ def register(layout: str, call: str, isa: str = PORTABLE, name: str | None = Non
         entries.append(Kernel(name or fn.__name__.lstrip("_"), layout, call, isa, fn))
         return fn
     return deco
-
-
-HWCAP_ASIMDDP = 1 << 20     # AT_HWCAP bit of the A76's dot product (Linux arch/arm64 uapi hwcap.h)
-HWCAP_BITS = {"asimddp": HWCAP_ASIMDDP}
-AT_HWCAP = 16
-
-
-def _hwcap() -> int | None:
-    """The kernel's AT_HWCAP word (``getauxval``), None where libc has no ``getauxval``."""
-    import ctypes
-
-    try:
-        fn = ctypes.CDLL(None).getauxval
-    except (OSError, AttributeError):
-        return None
-    fn.restype, fn.argtypes = ctypes.c_ulong, [ctypes.c_ulong]
-    return int(fn(AT_HWCAP))
-
-
-def features_from(cpuinfo: str, machine: str, hwcap: int | None = None) -> frozenset[str]:
-    """The features in ``cpuinfo`` (the text of /proc/cpuinfo) that belong to ``machine``'s ISA.
-
-    Only the line of that ISA counts: ``flags`` on x86, ``Features`` on aarch64. Under qemu-user an
-    emulated arm64 process reads the **x86 host's** /proc/cpuinfo, whose ``flags`` would claim
-    ``avx512_vnni`` and pick x86 kernels that cannot run there; so on aarch64 the ``flags`` line is
-    ignored and the kernel's AT_HWCAP word (``hwcap``, which qemu emulates for the chosen CPU) adds
-    ``asimddp``. ARM's ``asimddp`` is reported as ``dotprod`` (the A76's ``sdot``)."""
-    m = machine.lower()
-    arm = m in ("aarch64", "arm64")
-    key = "Features" if arm else "flags" if m in ("x86_64", "amd64", "i686", "i386") else None
-    feats: set[str] = set()
-    for line in cpuinfo.splitlines():
-        k, _, value = line.partition(":")
-        if key is not None and k.strip() == key:
-            feats.update(value.split())
-            break
-    if arm and hwcap is not None:
-        feats.update(name for name, bit in HWCAP_BITS.items() if hwcap & bit)
-    if "asimddp" in feats:
-        feats.add("dotprod")
-    feats.add(m)
-    return frozenset(feats)
-
-
-@lru_cache(maxsize=1)
-def host_features() -> frozenset[str]:
-    """The CPU features kernels may require on this host (``features_from`` of /proc/cpuinfo, and
-    AT_HWCAP on aarch64). Taught in day06_1."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            text = fh.read()
-    except OSError:
-        text = ""
-    machine = platform.machine()
-    return features_from(text, machine, _hwcap() if machine.lower() in ("aarch64", "arm64") else None)
 
 
 def select(layout: str, call: str, features: frozenset[str] | None = None) -> Kernel | None:
@@ -230,7 +174,7 @@ def _q8_many(w, act, out):
 
 # ------------------------------------------------------------ plain Q4_0: 16 int16 lanes, or the A76's sdot
 def _register_q4_0(isa: str, suffix: str, matvec, matvec3, swiglu, matmul, experts_gate_up, experts_down):
-    """The five calls on the file's plain Q4_0 bytes for one ISA (``kernels._make_q4_0_kernels``):
+    """The five calls on the file's plain Q4_0 bytes for one ISA (``kernels.ops._make_q4_0_kernels``):
     the portable 16-lane kernels, or the int8-dot ones (``sdot``) for ``dotprod`` hosts. Same kernel
     order as ``_register_v16``."""
     def one(w, act, out):
@@ -328,7 +272,7 @@ def _x8_swiglu(wg, wu, act, out):
 
 # ------------------------------------------------------------ Q4_0_V16: portable, AVX-512 VNNI and AVX2
 def _register_v16(isa: str, suffix: str, matvec, matvec3, swiglu, matmul):
-    """The five calls on ``Q4_0_V16`` for one ISA (the kernels of ``kernels_v16._make_kernels``)."""
+    """The five calls on ``Q4_0_V16`` for one ISA (the kernels of ``kernels.v16._make_kernels``)."""
     def one(w, act, out):
         xq, xc, xd = act.q8c()
         matvec(w.nib, w.sc, xq, xc, xd, out[0], K.n_chunks(w.nib.shape[0]))
