@@ -8,19 +8,16 @@ import tempfile
 from pathlib import Path
 from typing import IO, Iterator
 
+from kestrel_lab.procfs import umask
+
 
 def _umask() -> int:
     """The process umask, read without changing it where Linux reports it (setting and restoring it
     would race with other threads creating files)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except OSError:
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
+    mask = umask()
+    if mask is None:
+        mask = os.umask(0o022)
+        os.umask(mask)
     return mask
 
 

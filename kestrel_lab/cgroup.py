@@ -40,13 +40,7 @@ ROOT = Path("/sys/fs/cgroup")
 PROC_SELF_CGROUP = Path("/proc/self/cgroup")
 _counter = itertools.count()
 
-_LAUNCH = ("import os, sys\n"
-           "with open(sys.argv[1], 'w') as f:\n"
-           "    f.write(str(os.getpid()))\n"
-           "try:\n"
-           "    os.execvp(sys.argv[2], sys.argv[2:])\n"
-           "except OSError as e:\n"
-           "    sys.exit(f'cannot run {sys.argv[2]}: {e.strerror}')\n")
+LAUNCHER = Path(__file__).with_name("cgroup_launch.py")   # joins the cgroup, then execs the command
 
 
 class Unavailable(RuntimeError):
@@ -303,7 +297,7 @@ def run(cmd: list[str], limit: "int | str | None", timeout: float | None = None,
     cg = MemoryCgroup(lim, h)
     with cg:
         t0 = time.perf_counter()
-        p = subprocess.Popen([sys.executable, "-c", _LAUNCH, str(cg.procs_file), *map(str, cmd)], env=env, cwd=cwd,
+        p = subprocess.Popen([sys.executable, str(LAUNCHER), str(cg.procs_file), *map(str, cmd)], env=env, cwd=cwd,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         timed_out = False
         try:

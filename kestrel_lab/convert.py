@@ -23,10 +23,8 @@ Taught in day17_1.
 from __future__ import annotations
 
 import hashlib
-import re
 import os
-import resource
-import sys
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +34,7 @@ import numpy as np
 
 from kestrel_lab import quant as Q
 from kestrel_lab.config import ModelConfig
+from kestrel_lab.procfs import rss_bytes
 from kestrel_lab.safetensors import Checkpoint, open_checkpoint, to_f32
 from kestrel_lab.vqf.layout import plan, resolve_quant, source_rows, split_source
 
@@ -84,59 +83,6 @@ class ConversionReport:
 
 
 # ----------------------------------------------------------------------------- helpers
-def rss_bytes() -> int:
-    """This process's resident set size now (Linux /proc; elsewhere the peak from getrusage).
-    Taught in day17_1."""
-    try:
-        with open("/proc/self/statm", "rb") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return peak if sys.platform == "darwin" else peak * 1024
-
-
-class PeakRSS:
-    """The true peak resident set size inside a ``with`` block (Linux).
-
-    On entry the kernel's high-water mark of this process (``VmHWM``) is reset to the current RSS by
-    writing 5 to ``/proc/self/clear_refs``; on exit ``VmHWM`` is the peak reached inside the block.
-    (``getrusage``'s ``ru_maxrss`` cannot be used for this: it is never reset, and a child process
-    even inherits its parent's peak across ``exec``.) ``exact`` is False where the reset is not
-    available; ``peak`` is then the high-water mark since the process started. Taught in day17_1.
-    """
-
-    def __enter__(self) -> "PeakRSS":
-        try:
-            with open("/proc/self/clear_refs", "w") as fh:
-                fh.write("5")
-            self.exact = True
-        except OSError:
-            self.exact = False
-        self.start = rss_bytes()
-        self.peak = self.start
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.peak = max(self.start, _vm_hwm() or rss_bytes())
-
-    @property
-    def growth(self) -> int:
-        """Bytes the peak rose above the resident size at entry."""
-        return max(0, self.peak - self.start)
-
-
-def _vm_hwm() -> int | None:
-    try:
-        with open("/proc/self/status", "rb") as fh:
-            for line in fh:
-                if line.startswith(b"VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024
-
-
 def source_sha256(ck: Checkpoint, block: int = 8 << 20) -> str:
     """SHA-256 of the checkpoint's weight files concatenated in file-name order. Taught in day17_1."""
     h = hashlib.sha256()

@@ -360,7 +360,7 @@ def _git(*args: str) -> subprocess.CompletedProcess | None:
 def notebook_commit(notebook: str) -> str | None:
     """The last commit that changed the notebook's file (short hash), or None when unknown
     (not a git checkout, or the notebook is not committed yet). Taught in day28_1."""
-    from kestrel_lab.book import syllabus
+    from kestrel_lab import syllabus
     from kestrel_lab.paths import REPO_ROOT
 
     try:

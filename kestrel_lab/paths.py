@@ -40,3 +40,13 @@ def configs_dir() -> Path:
 def tiny_poem_dir() -> Path:
     """The trained 42 M-parameter Qwen3 that recites Tang poems (data/models/qwen3-tiny-poem)."""
     return data_dir() / "models" / "qwen3-tiny-poem"
+
+
+def child_env(**extra: str) -> dict:
+    """The environment for a child ``python -m kestrel_lab…`` process: this one's, with the folder that
+    holds this ``kestrel_lab`` first on ``PYTHONPATH`` (so the child runs the same checkout, installed or
+    not), plus ``extra``."""
+    env = dict(os.environ, **extra)
+    root = str(REPO_ROOT)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env

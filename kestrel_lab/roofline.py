@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import numbers
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 
 import numba
@@ -31,7 +32,7 @@ import numpy as np
 from numba import njit, prange
 
 from kestrel_lab.kernels import ops as _K
-from kestrel_lab.kernels import v16 as _V
+from kestrel_lab.kernels import variants as _variants
 from kestrel_lab.measure import timeit
 from kestrel_lab.threads import numba_threads, resolve_threads  # noqa: F401 - lessons reach them here too
 
@@ -351,55 +352,38 @@ def weights_read_per_token(config: dict, block_bytes: int = 18, block_values: in
 # The engine's Q4 decode kernels, run on a few row groups that stay in L1: memory is then (almost) free,
 # and what is left is the kernel's own instruction mix — its compute limit. The group index varies
 # with the iteration so that LLVM cannot hoist the work out of the timing loop.
-@njit(parallel=True, fastmath=True, cache=True)
-def _peak_r32(nib, sc, xq, xc, xd, iters, last):
-    G = nib.shape[0]
-    for u in prange(last.shape[0]):
-        F = np.empty(_K.QR, np.float32)
-        Si = np.empty(sc.shape[1], np.int32)
-        Sf = Si.view(np.float32)
-        for it in range(iters):
-            g = (it + u) % G
-            _K._group_r32(nib[g], sc[g], xq[0], xc[0], xd[0], F, Si, Sf)
-        last[u, :] = F
+@lru_cache(maxsize=None)
+def _make_peak(name: str):
+    """The compute-limit loop over variant ``name``'s row groups (its ``group`` function, resolved from
+    ``kernels.variants`` while numba compiles the loop)."""
+    rows = _variants.of(name).rows_per_group
 
-
-def _make_peak_v16(isa: str):
-    """The same loop over ``Q4_0_V16`` groups (``isa``: "vnni", "avx2" or "portable", as
-    ``kernels.v16._make_kernels``)."""
     @njit(parallel=True, fastmath=True, cache=True)
     def peak(nib, sc, xq, xc, xd, iters, last):
         G = nib.shape[0]
-        xw = xq[0].view(np.int32)
+        x32 = xq[0].view(np.int32)
         for u in prange(last.shape[0]):
-            F = np.empty(_V.QV, np.float32)
+            F = np.empty(rows, np.float32)
             Si = np.empty(sc.shape[1], np.int32)
+            Sf = Si.view(np.float32)
             for it in range(iters):
                 g = (it + u) % G
-                if isa == "vnni":
-                    _V._group_vnni(nib[g], sc[g], xw, xc[0], xd[0], F, Si)
-                elif isa == "avx2":
-                    _V._group_avx2(nib[g], sc[g], xw, xc[0], xd[0], F, Si)
-                else:
-                    _V._group_portable(nib[g], sc[g], xw, xc[0], xd[0], F, Si)
+                _variants.group(name, nib[g], sc[g], xq[0], x32, xc[0], xd[0], F, Si, Sf)
             last[u, :] = F
     return peak
 
-
-_PEAK_V16 = {  # the V16 kernel's registry isa → (peak loop, the group function it runs)
-    "avx512_vnni": (_make_peak_v16("vnni"), "kernels.v16._group_vnni (vpdpbusd)"),
-    "avx2": (_make_peak_v16("avx2"), "kernels.v16._group_avx2 (vpmaddubsw + vpmaddwd)"),
-    "portable": (_make_peak_v16("portable"), "kernels.v16._group_portable (plain loops)"),
-}
 
 Q4_0_BYTES_PER_WEIGHT = 18 / 32     # fp16 scale + 16 bytes of nibbles per 32 weights
 
 
 def _peak_case(layout: str, cols: int, groups: int, seed: int = 0):
-    """Random Q4_0 rows split into ``layout``'s planes, a Q8_0 activation, and the kernel to loop."""
+    """Random Q4_0 rows split into ``layout``'s planes, a Q8_0 activation, and the loop of the variant the
+    registry picks for ``layout`` on this host."""
     from kestrel_lab.kernels.registry import select
 
-    qr = {"Q4_0_R32": _K.QR, "Q4_0_V16": _V.QV}[layout]
+    isa = select(layout, "one").isa
+    v = next(v for v in _variants.VARIANTS if v.layout == layout and v.isa == isa)
+    qr = v.rows_per_group
     rng = np.random.default_rng(seed)
     rows, nb = groups * qr, cols // _K.QK
     q4 = rng.integers(0, 256, size=(rows, nb, _K.Q4_BYTES), dtype=np.uint8)
@@ -409,16 +393,11 @@ def _peak_case(layout: str, cols: int, groups: int, seed: int = 0):
     xq, xd, xc = np.empty((1, cols), np.int8), np.empty((1, nb), np.float32), np.empty((1, nb), np.int16)
     _K.quantize_act(x, xq, xd)
     _K.act_block_sums(xq, xc)
-    if layout == "Q4_0_R32":
-        nib, sc = np.empty((groups, nb * 16 * qr), np.uint8), np.empty((groups, nb * qr), np.uint16)
-        _K.repack_q4_0_to_r32(q4, nib, sc, 1)
-        kernel, name = _peak_r32, "kernels.ops._group_r32 (int16 lanes)"
-    else:
-        nib, sc = np.empty((groups, nb * _V.BLOCK_BYTES), np.uint8), np.empty((groups, nb * qr), np.uint16)
-        _V.repack_q4_0_to_v16(q4, nib, sc, 1)
-        kernel, name = _PEAK_V16[select("Q4_0_V16", "one").isa]
-    return {"q4": q4, "nib": nib, "sc": sc, "xq": xq, "xc": xc, "xd": xd, "kernel": kernel, "name": name,
-            "rows_per_group": qr}
+    nib, sc = np.empty((groups, nb * 16 * qr), np.uint8), np.empty((groups, nb * qr), np.uint16)
+    v.repack(q4, nib, sc, 1)
+    name = f"{v.group.py_func.__module__.removeprefix('kestrel_lab.')}.{v.group.__name__} ({v.instruction})"
+    return {"q4": q4, "nib": nib, "sc": sc, "xq": xq, "xc": xc, "xd": xd, "kernel": _make_peak(v.name),
+            "name": name, "rows_per_group": qr}
 
 
 def int8_dot_peak(threads: int | None = None, layout: str | None = None, cols: int = 512, groups: int = 2,
@@ -445,8 +424,8 @@ def int8_dot_peak(threads: int | None = None, layout: str | None = None, cols: i
     if cols % _K.QK:
         raise ValueError(f"cols must be a multiple of {_K.QK}, got {cols}")
     layout = layout or q4_load_layout()
-    if layout not in ("Q4_0_R32", "Q4_0_V16"):
-        raise ValueError(f"layout must be 'Q4_0_R32' or 'Q4_0_V16', got {layout!r}")
+    if layout not in _variants.PLANE_LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(map(repr, _variants.PLANE_LAYOUTS))}, got {layout!r}")
     case = _peak_case(layout, cols, groups)
     kernel, qr = case["kernel"], case["rows_per_group"]
     args = (case["nib"], case["sc"], case["xq"], case["xc"], case["xd"])

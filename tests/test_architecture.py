@@ -158,6 +158,7 @@ RULES = (
     ("kestrel_lab.quant", "base"), ("kestrel_lab.memory_check", "base"), ("kestrel_lab.procfs", "base"),
     ("kestrel_lab.machine", "base"), ("kestrel_lab.threads", "base"), ("kestrel_lab.cgroup", "base"),
     ("kestrel_lab.plotting", "base"), ("kestrel_lab.exercise", "base"), ("kestrel_lab.chat_blocks", "base"),
+    ("kestrel_lab.cgroup_launch", "base"),
     ("kestrel_lab.syllabus", "base"), ("kestrel_lab.measure", "base"),
 )
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from kestrel_lab.book import syllabus
+from kestrel_lab import syllabus
 from kestrel_lab.book.cache import Project, imported_modules, notebook_code
 from kestrel_lab.paths import REPO_ROOT
 

@@ -77,7 +77,7 @@ def _pictures(page: Path) -> int:
 
 def test_every_notebook_that_draws_shows_its_pictures():
     """A figure the code draws must reach the book: an inherited MPLBACKEND=Agg once dropped them all."""
-    from kestrel_lab.book import syllabus
+    from kestrel_lab import syllabus
 
     html = require_built_book()
     drawing, missing = [], []
@@ -146,7 +146,7 @@ document.getElementById('f').onload = function () {{ setTimeout(function () {{
 @pytest.mark.browser
 def test_browser_displays_a_notebook_picture():
     """Chromium loads a notebook page and its plot images are really displayed (loaded, non-zero size)."""
-    from kestrel_lab.book import syllabus
+    from kestrel_lab import syllabus
 
     html = require_built_book()
     page = next((src for _, src in sorted(syllabus.find_notebooks().items())

@@ -121,7 +121,7 @@ def test_success_writes_the_limit_and_removes_the_cgroup(fake, monkeypatch):
     real_popen = C.subprocess.Popen
 
     def spy(cmd, **kw):          # look inside the cgroup while the child runs
-        path = Path(cmd[3]).parent
+        path = Path(cmd[2]).parent        # [python, cgroup_launch.py, cgroup.procs, command…]
         seen["limit"] = (path / "memory.limit_in_bytes").read_text()
         return real_popen(cmd, **kw)
 

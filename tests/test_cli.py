@@ -57,8 +57,8 @@ def test_bench_moe_flags_refused_for_a_dense_config(flag, capsys):
 
 
 def test_bench_bad_memory_limit_fails_before_building(capsys, monkeypatch):
-    from kestrel_lab.engine import bench
+    from kestrel_lab.bench import moe as moe_bench
 
-    monkeypatch.setattr(bench, "moe_run", lambda *a, **k: pytest.fail("moe_run must not start"))
+    monkeypatch.setattr(moe_bench, "moe_run", lambda *a, **k: pytest.fail("moe_run must not start"))
     assert cli.main(["bench", "--config", "data/configs/qwen3-30b-a3b.config.json", "--memory-limit", "lots"]) == 1
     assert "memory size 'lots'" in capsys.readouterr().err

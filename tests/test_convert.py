@@ -256,7 +256,7 @@ def test_conversion_streams_in_bounded_memory(tmp_path):
     """The true peak RSS (VmHWM, reset on entry) while converting the 84 MB poem model to a 324 MB F32
     file — the largest entry alone is 156 MB as float32 — stays well under the model's size."""
     import numpy as np
-    from kestrel_lab.convert import PeakRSS
+    from kestrel_lab.procfs import PeakRSS
     from kestrel_lab.vqf.checksum import warm_up
     warm_up()                                   # numba's one-off memory is not the converter's
     Q.quantize(np.ones((8, 64), np.float32), "q4_0")

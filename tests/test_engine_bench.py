@@ -7,7 +7,7 @@ import numpy as np
 
 from kestrel_lab import models
 from kestrel_lab.engine import Qwen3Engine
-from kestrel_lab.engine import bench as B
+from kestrel_lab.bench import speed
 from kestrel_lab.roofline import weights_read_per_token
 
 SMALL = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 64,
@@ -25,32 +25,32 @@ def test_bench_model_engine_speed_and_table(tmp_path, monkeypatch):
     eng = Qwen3Engine.from_vqf(path, max_context=64)
     # a decode step reads what roofline's formula says (plus one F16 embedding row)
     assert eng.weight_bytes_per_token == weights_read_per_token(SMALL)["total"] + 2 * SMALL["hidden_size"]
-    speed = B.engine_speed(path, 1, prompt_len=8, decode_tokens=3)
-    assert speed["prefill_tok_s"] > 0 and speed["decode_tok_s"] > 0 and speed["weight_qtypes"] == ["Q4_0"]
-    k = B.kernel_speeds(1, rows=512, cols=256, repeat=1)
+    fig = speed.engine_speed(path, 1, prompt_len=8, decode_tokens=3)
+    assert fig["prefill_tok_s"] > 0 and fig["decode_tok_s"] > 0 and fig["weight_qtypes"] == ["Q4_0"]
+    k = speed.kernel_speeds(1, rows=512, cols=256, repeat=1)
     from kestrel_lab.kernels.registry import host_features
     isa = {f"q4_0 v16 (16 rows, {label})" for flag, label in (("avx512_vnni", "vpdpbusd"), ("avx2", "vpmaddubsw"))
            if flag in host_features()}
     assert set(k) == {"q4_0 naive (block by block)", "q4_0 lanes", "q8_0 lanes", "q4_8x8l",
                       "q4_0 r32 (32 rows interleaved)"} | isa
-    plain = B.engine_speed(path, 1, prompt_len=8, decode_tokens=2, interleave=False)
-    assert speed["repack_s"] > 0 and plain["repack_s"] == 0     # the row-interleaved copy is made at load
-    res = {"vqf": str(path), "quant": "q4_0", "threads": [1], "engine": {1: speed}, "engine_plain": {1: plain},
+    plain = speed.engine_speed(path, 1, prompt_len=8, decode_tokens=2, interleave=False)
+    assert fig["repack_s"] > 0 and plain["repack_s"] == 0     # the row-interleaved copy is made at load
+    res = {"vqf": str(path), "quant": "q4_0", "threads": [1], "engine": {1: fig}, "engine_plain": {1: plain},
            "bandwidth": {1: 10.0},
            "ceiling_tok_s": {1: 100.0}, "pct_of_ceiling": {1: 50.0}, "kernels_gbs": {1: k},
-           "torch": {"fp32": 2.0}, "weight_bytes_per_token": speed["weight_bytes_per_token"],
+           "torch": {"fp32": 2.0}, "weight_bytes_per_token": fig["weight_bytes_per_token"],
            "first_compile": {"to_first_token_s": 30.0, "to_first_decode_s": 31.0},
            "cold_start": {"to_first_token_s": 1.0, "interpreter_s": 0.1, "import_s": 0.3, "load_s": 0.2,
                           "prefill_s": 0.4}, "load_avg": (0.5, 0.5, 0.5)}
-    table = B.format_table(res)
+    table = speed.format_table(res)
     assert "decode % of ceiling" in table and "50 %" in table and "PyTorch fp32" in table
     assert "file layout (16-lane kernel)" in table and "at load" in table
-    assert np.isfinite(speed["decode_ms_median"])
+    assert np.isfinite(fig["decode_ms_median"])
 
 
 def test_cold_start_child_reaches_first_token(tmp_path, monkeypatch):
     monkeypatch.setenv("KESTREL_CACHE_DIR", str(tmp_path / "cache"))
     cfg = tmp_path / "small.config.json"
     cfg.write_text(json.dumps(SMALL))
-    r = B.cold_start(models.vqf(config=cfg, quant="q4_8x8l"))
+    r = speed.cold_start(models.vqf(config=cfg, quant="q4_8x8l"))
     assert 0 < r["interpreter_s"] < r["to_first_token_s"] < r["to_first_decode_s"]

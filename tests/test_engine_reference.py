@@ -10,7 +10,8 @@ transformers = pytest.importorskip("transformers", reason="transformers is a tes
 
 from kestrel_lab.convert import convert  # noqa: E402
 from kestrel_lab.engine import ContextFullError, Qwen3Engine  # noqa: E402
-from kestrel_lab.engine.reference import logit_agreement, reference_logits  # noqa: E402
+from kestrel_lab.engine.reference import reference_logits
+from kestrel_lab.eval import logit_agreement  # noqa: E402
 from kestrel_lab.vqf.reader import open_vqf  # noqa: E402
 from helpers.logits import compare_steps  # noqa: E402
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from kestrel_lab.convert import rss_bytes
+from kestrel_lab.procfs import rss_bytes
 from kestrel_lab.engine.kv import KVCache, lazy_zeros
 
 

@@ -1,13 +1,13 @@
 """bench.memory_snapshot: the kernel's own accounting (smaps_rollup, status), checked by making memory
-of each kind and watching the right field move — against statm (convert.rss_bytes) and a second process."""
+of each kind and watching the right field move — against statm (procfs.rss_bytes) and a second process."""
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from kestrel_lab.convert import rss_bytes
-from kestrel_lab.engine.bench import memory_snapshot
+from kestrel_lab.procfs import rss_bytes
+from kestrel_lab.procfs import memory_snapshot
 
 MiB = 1 << 20
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")

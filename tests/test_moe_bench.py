@@ -7,7 +7,7 @@ import json
 import pytest
 
 from kestrel_lab import tiny_model
-from kestrel_lab.engine import bench
+from kestrel_lab.bench import moe as moe_bench
 
 
 @pytest.fixture
@@ -21,13 +21,13 @@ def small_config(tmp_path, monkeypatch):
 
 
 def test_moe_bench_counts_the_planned_bytes(small_config):
-    res = bench.moe_run(small_config, layers=2, threads=[1], decode_tokens=3, log=lambda *a: None)
+    res = moe_bench.moe_run(small_config, layers=2, threads=[1], decode_tokens=3, log=lambda *a: None)
     e = res["engine"][1]
     assert res["layers"] == 2 and res["layers_full"] == 3
     assert e["counted_bytes_per_token"] == pytest.approx(res["computed_bytes_per_token"], abs=0.5)
     assert len(e["distinct_experts_prompt"]) == 1          # layer 1 is dense: one MoE layer in the first two
     assert res["experts_in_place_bytes"] > 0 and e["memory"]["copied_at_load_bytes"] >= 0
-    table = bench.format_moe_table(res)
+    table = moe_bench.format_moe_table(res)
     print("\n" + table)
     assert "counted by the engine" in table and "2 of 3 layers" in table
 
@@ -36,7 +36,7 @@ def test_moe_bench_refuses_a_dense_config(tmp_path):
     p = tmp_path / "dense.json"
     p.write_text(json.dumps(tiny_model.build_config("qwen3")))
     with pytest.raises(ValueError, match="qwen3_moe"):
-        bench.moe_run(p, layers=1, threads=[1], decode_tokens=1, log=lambda *a: None)
+        moe_bench.moe_run(p, layers=1, threads=[1], decode_tokens=1, log=lambda *a: None)
 
 
 # ------------------------------------------------------------------------------ active parameters, dense twin
@@ -84,7 +84,7 @@ def test_active_params_of_the_real_configs_match_transformers():
 def test_dense_twin_runs_beside_the_moe(small_config, tmp_path):
     dense = tmp_path / "dense.config.json"
     dense.write_text(json.dumps(tiny_model.build_config("qwen3", {"vocab_size": 512, "num_hidden_layers": 3})))
-    res = bench.moe_run(small_config, layers=2, threads=[1], decode_tokens=2, log=lambda *a: None,
+    res = moe_bench.moe_run(small_config, layers=2, threads=[1], decode_tokens=2, log=lambda *a: None,
                         dense_twin_config=dense, rounds=2)
     tw = res["dense_twin"]
     assert tw["moe"]["layers"] == tw["dense"]["layers"] == 2
@@ -94,25 +94,25 @@ def test_dense_twin_runs_beside_the_moe(small_config, tmp_path):
     assert v["moe_bytes_per_token"] == pytest.approx(tw["moe"]["computed_bytes_per_token"], rel=1e-6)
     assert v["dense_bytes_per_token"] == pytest.approx(tw["dense"]["computed_bytes_per_token"], rel=1e-6)
     assert v["predicted_ratio"] == pytest.approx(v["dense_bytes_per_token"] / v["moe_bytes_per_token"])
-    assert bench.agreement(v["measured_ratio"], v["predicted_ratio"]) in ("agrees", "lower", "higher")
-    print("\n" + bench.format_moe_table(res))
-    assert "bytes predict" in bench.format_moe_table(res)
+    assert moe_bench.agreement(v["measured_ratio"], v["predicted_ratio"]) in ("agrees", "lower", "higher")
+    print("\n" + moe_bench.format_moe_table(res))
+    assert "bytes predict" in moe_bench.format_moe_table(res)
 
 
 def test_dense_twin_refuses_too_few_layers_and_an_moe_config(small_config, tmp_path):
     dense = tmp_path / "dense.config.json"
     dense.write_text(json.dumps(tiny_model.build_config("qwen3", {"num_hidden_layers": 1})))
     with pytest.raises(ValueError, match="fewer than"):
-        bench.moe_run(small_config, layers=2, threads=[1], decode_tokens=1, log=lambda *a: None, dense_twin_config=dense)
+        moe_bench.moe_run(small_config, layers=2, threads=[1], decode_tokens=1, log=lambda *a: None, dense_twin_config=dense)
     with pytest.raises(ValueError, match="needs a qwen3 config"):
-        bench.moe_run(small_config, layers=2, threads=[1], decode_tokens=1, log=lambda *a: None,
+        moe_bench.moe_run(small_config, layers=2, threads=[1], decode_tokens=1, log=lambda *a: None,
                       dense_twin_config=small_config)
 
 
 def test_agreement():
-    assert bench.agreement(1.4, 1.5) == "agrees"
-    assert bench.agreement(0.9, 1.5) == "lower"
-    assert bench.agreement(2.5, 1.5) == "higher"
+    assert moe_bench.agreement(1.4, 1.5) == "agrees"
+    assert moe_bench.agreement(0.9, 1.5) == "lower"
+    assert moe_bench.agreement(2.5, 1.5) == "higher"
 
 
 # ------------------------------------------------------------------------------ under a memory limit
@@ -120,7 +120,7 @@ def test_paging_decode_counts_bytes_in_process(small_config):
     from kestrel_lab import models
 
     path = models.vqf(config=small_config, layers=2)
-    r = bench.paging_decode(path, threads=1, expert_paging="exact", decode_tokens=3, warmup=1)
+    r = moe_bench.paging_decode(path, threads=1, expert_paging="exact", decode_tokens=3, warmup=1)
     assert r["decode_tok_s"] > 0 and r["expert_paging"] == "exact"
     # the engine's own count: dense bytes + router + the distinct experts each step touched (≤ k per layer)
     ab = __import__("kestrel_lab.engine.moe", fromlist=["active_bytes"]).active_bytes
@@ -138,10 +138,10 @@ def test_memory_limit_run_on_a_fake_tree_or_without_cgroups(small_config, monkey
 
     path = models.vqf(config=small_config, layers=2)
     monkeypatch.setattr(cgroup, "unavailable_reason", lambda *a, **k: "test: no cgroups")
-    res = bench.memory_limit_run(path, "1G", decode_tokens=2, warmup=1, log=lambda *a: None)
+    res = moe_bench.memory_limit_run(path, "1G", decode_tokens=2, warmup=1, log=lambda *a: None)
     assert res["unavailable"] == "test: no cgroups"
     assert len(res["runs"]["unlimited"]) == 1 and res["runs"]["limited_os"] == res["runs"]["limited_exact"] == []
-    table = bench.format_memory_limit(res)
+    table = moe_bench.format_memory_limit(res)
     assert "no memory cgroup here: test: no cgroups" in table and "limit, OS" not in table
 
 
@@ -154,10 +154,10 @@ def test_memory_limit_run_for_real(small_config):
     path = models.vqf(config=small_config, layers=2)
     h = cgroup.detect()
     before = set(__import__("os").listdir(h.parent))
-    res = bench.memory_limit_run(path, "2G", decode_tokens=2, warmup=1, log=lambda *a: None)
+    res = moe_bench.memory_limit_run(path, "2G", decode_tokens=2, warmup=1, log=lambda *a: None)
     s = res["summary"]
     assert set(s) == {"unlimited", "limited_os", "limited_exact"}
     assert all(r["cgroup_version"] in (1, 2) for runs in res["runs"].values() for r in runs)
     assert s["limited_os"]["speed_vs_unlimited"] > 0
     assert set(__import__("os").listdir(h.parent)) == before
-    print("\n" + bench.format_memory_limit(res))
+    print("\n" + moe_bench.format_memory_limit(res))

@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is a ref
 from kestrel_lab.convert import convert  # noqa: E402
 from kestrel_lab.engine import Qwen3Engine  # noqa: E402
 from kestrel_lab.engine import moe  # noqa: E402
-from kestrel_lab.engine.reference import logit_agreement  # noqa: E402
+from kestrel_lab.eval import logit_agreement  # noqa: E402
 from helpers.logits import compare_steps  # noqa: E402
 
 VOCAB = 512

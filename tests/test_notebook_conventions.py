@@ -5,7 +5,8 @@ import re
 import nbformat
 import pytest
 
-from kestrel_lab.book import links as booklinks, sources, syllabus
+from kestrel_lab import syllabus
+from kestrel_lab.book import links as booklinks, sources
 from kestrel_lab.paths import REPO_ROOT
 
 NOTEBOOKS = syllabus.find_notebooks()

@@ -1,4 +1,4 @@
-"""The llama.cpp peer comparison (``kestrel_lab.engine.peer``, ``kestrel-lab bench --peer``).
+"""The llama.cpp peer comparison (``kestrel_lab.bench.peer``, ``kestrel-lab bench --peer``).
 
 Reference-free parts run everywhere: llama-bench's JSON (a real output captured on this project's VM,
 tests/fixtures/llama_bench_q4_0.json) parsed, the median/ratio maths, the missing-peer message and
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kestrel_lab import cli, paths
-from kestrel_lab.engine import peer
+from kestrel_lab.bench import peer
 
 FIXTURE = Path(__file__).parent / "fixtures" / "llama_bench_q4_0.json"
 BUILT = peer.find()
@@ -125,9 +125,10 @@ def test_record_runs_the_notebook_that_owns_the_figures(argv, notebook, params, 
 
 
 def test_the_bench_writes_no_figures_itself():
-    from kestrel_lab.engine import bench, vision_bench
+    from kestrel_lab.bench import moe, speed
+    from kestrel_lab.bench import vision as vision_bench
 
-    assert not hasattr(bench, "record") and not hasattr(vision_bench, "record")
+    assert not any(hasattr(m, "record") for m in (speed, moe, vision_bench))
 
 
 # ------------------------------------------------------------------------------ with the peer

@@ -343,7 +343,7 @@ def test_engine_output_on_encrypted_file_equals_plain(tmp_path):
     E.encrypt_file(plain, enc, key)
     back = tmp_path / "poem.dec.vqf"
     E.decrypt_file(enc, back, key)
-    assert E._files_equal(plain, back)                       # a real converted model comes back bit for bit
+    assert E.files_equal(plain, back)                       # a real converted model comes back bit for bit
     back.unlink()
     ids = [151643, 100, 2000, 30000, 7]
     a = Qwen3Engine.from_vqf(plain, max_context=32)
@@ -382,7 +382,7 @@ def test_bench_runs_the_engine_on_an_encrypted_copy(tmp_path, monkeypatch):
     import json
 
     from kestrel_lab import models
-    from kestrel_lab.engine import bench as B
+    from kestrel_lab.bench import speed
 
     monkeypatch.setenv("KESTREL_CACHE_DIR", str(tmp_path / "cache"))
     small = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 64,
@@ -395,8 +395,8 @@ def test_bench_runs_the_engine_on_an_encrypted_copy(tmp_path, monkeypatch):
     key = P.write_key_file(tmp_path / "k")
     enc = tmp_path / "small.enc.vqf"
     r = E.encrypt_file(path, enc, key)
-    plain = B.engine_speed(path, 1, prompt_len=8, decode_tokens=2)
-    sealed = B.engine_speed(enc, 1, prompt_len=8, decode_tokens=2, key_file=key)
+    plain = speed.engine_speed(path, 1, prompt_len=8, decode_tokens=2)
+    sealed = speed.engine_speed(enc, 1, prompt_len=8, decode_tokens=2, key_file=key)
     assert sealed["weight_qtypes"] == plain["weight_qtypes"] and sealed["decode_tok_s"] > 0
     res = {"vqf": str(path), "quant": "q4_0", "threads": [1], "engine": {1: plain}, "bandwidth": {1: 10.0},
            "ceiling_tok_s": {1: 100.0}, "pct_of_ceiling": {1: 50.0}, "kernels_gbs": {1: {}}, "torch": {},
@@ -404,7 +404,7 @@ def test_bench_runs_the_engine_on_an_encrypted_copy(tmp_path, monkeypatch):
            "first_compile": {"to_first_token_s": 3.0, "to_first_decode_s": 3.1},
            "cold_start": {"to_first_token_s": 1.0, "interpreter_s": 0.1, "import_s": 0.3, "load_s": 0.2,
                           "prefill_s": 0.4}, "encrypt": r, "engine_encrypted": sealed}
-    assert "encrypted copy" in B.format_table(res)
+    assert "encrypted copy" in speed.format_table(res)
 
 
 def test_parallel_chunks_decrypt_the_same_bytes(files, monkeypatch):

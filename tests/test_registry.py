@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from kestrel_lab import quant as Q
-from kestrel_lab.kernels import registry
+from kestrel_lab.kernels import registry, variants
 
-LAYOUTS = [q.name for q in Q.QTYPES.values()] + list(registry.PLANE_LAYOUTS)
+LAYOUTS = [q.name for q in Q.QTYPES.values()] + list(variants.PLANE_LAYOUTS)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

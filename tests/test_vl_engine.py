@@ -20,7 +20,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is a tes
 from kestrel_lab import models  # noqa: E402
 from kestrel_lab.engine import model as M  # noqa: E402
 from kestrel_lab.engine.chat import common_prefix_len  # noqa: E402
-from kestrel_lab.engine.reference import logit_agreement  # noqa: E402
+from kestrel_lab.eval import logit_agreement  # noqa: E402
 from kestrel_lab.engine.vl import Qwen3VLEngine, VLConversation, open_engine  # noqa: E402
 from kestrel_lab.vision import prompt as VP  # noqa: E402
 from kestrel_lab.vocab import Tokenizer  # noqa: E402

@@ -1,7 +1,7 @@
 """The book's machinery: its generated sources, its cross-references and cache, re-runs on any runner, the dashboard.
 
-- ``syllabus``  — the course's 90 parts, which are written, the table of contents and the syllabus page.
-- ``sources``   — ``kestrel-lab book sources``: ``_toc.yml``, ``book/syllabus.md`` and the module map.
+- ``sources``   — ``kestrel-lab book sources``: ``_toc.yml``, ``book/syllabus.md`` and the module map
+  (from ``kestrel_lab.syllabus``, the course's 90 parts, which the measurements also read).
 - ``links``     — every mention of another part is a link, or says 「计划中」 (``kestrel-lab book links``).
 - ``cache``     — what a notebook's outputs depend on, for the execution cache (``book sweep-cache``).
 - ``selection`` — ``--days`` / ``--notebooks`` / ``--cpus`` / ``-p``: what a re-run runs.

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kestrel_lab.atomic import write_json
-from kestrel_lab.book.syllabus import NOTEBOOK_FILE
+from kestrel_lab.syllabus import NOTEBOOK_FILE
 
 MANIFEST = "kestrel-inputs.json"
 LOCAL_RUNNER = "local"  # the build's own figures: an output of the build, not an input

@@ -122,7 +122,8 @@ def _book_links(args) -> int:
 def _book_sweep_cache(args) -> int:
     from pathlib import Path
 
-    from kestrel_lab.book import cache as bookcache, syllabus
+    from kestrel_lab import syllabus
+    from kestrel_lab.book import cache as bookcache
     from kestrel_lab.paths import REPO_ROOT
 
     notebooks = [REPO_ROOT / p for p in syllabus.find_notebooks().values()]

@@ -32,7 +32,7 @@ EMULATED_MARK = "（模拟）"
 
 
 def _parts() -> dict:
-    from kestrel_lab.book import syllabus
+    from kestrel_lab import syllabus
 
     try:
         return {p.id: p for p in syllabus.load_parts(REPO_ROOT)}

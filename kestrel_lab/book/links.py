@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from kestrel_lab.book import syllabus
+from kestrel_lab import syllabus
 from kestrel_lab.paths import REPO_ROOT
 
 PLANNED = "（计划中）"

@@ -81,7 +81,7 @@ def select_notebooks(root: Path = REPO_ROOT, days: list[int] | None = None,
 
     Taught in day28_2.
     """
-    from kestrel_lab.book import syllabus
+    from kestrel_lab import syllabus
 
     found = {k: (root / v) for k, v in syllabus.find_notebooks(root).items()}
     if ids:

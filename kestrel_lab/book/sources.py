@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 from kestrel_lab.atomic import atomic_write
-from kestrel_lab.book.syllabus import find_notebooks, load_parts, syllabus_markdown, toc_yaml
+from kestrel_lab.syllabus import find_notebooks, load_parts, syllabus_markdown, toc_yaml
 from kestrel_lab.paths import REPO_ROOT
 
 

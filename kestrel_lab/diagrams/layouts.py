@@ -15,17 +15,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from kestrel_lab.kernels import variants
+
 QK = 32
 Q4_BYTES = 18
-ROWS = {"Q4_0": 8, "Q4_8X8L": 8, "Q4_0_R32": 32, "Q4_0_V16": 16}   # rows of one group as drawn
+# rows of one group as drawn: 8 of plain Q4_0, Q4_8X8L's 8, and each row-grouped variant's group
+ROWS = {"Q4_0": 8, "Q4_8X8L": 8, **variants.PLANE_LAYOUTS}
 MAX_BLOCKS = 255 // Q4_BYTES                                        # byte tags must fit in a uint8
 
 
 def _repack(layout: str, src: np.ndarray) -> np.ndarray:
     """``src`` (rows, nb·18) uint8 in ``layout``'s storage order, as one flat uint8 array."""
     from kestrel_lab import quant
-    from kestrel_lab.kernels import ops as K
-    from kestrel_lab.kernels import v16 as V
 
     rows, rb = src.shape
     nb = rb // Q4_BYTES
@@ -33,16 +34,12 @@ def _repack(layout: str, src: np.ndarray) -> np.ndarray:
         return src.reshape(-1).copy()
     if layout == "Q4_8X8L":
         return quant.repack_q4_8x8l(src, rows, nb * QK)
-    if layout == "Q4_0_R32":
-        nib = np.empty((rows // K.QR, nb * 16 * K.QR), np.uint8)
-        sc = np.empty((rows // K.QR, nb * K.QR), np.uint16)
-        K.repack_q4_0_to_r32(src, nib, sc, 1)
-    elif layout == "Q4_0_V16":
-        nib = np.empty((rows // V.QV, nb * V.BLOCK_BYTES), np.uint8)
-        sc = np.empty((rows // V.QV, nb * V.QV), np.uint16)
-        V.repack_q4_0_to_v16(src, nib, sc, 1)
-    else:
+    if layout not in variants.PLANE_LAYOUTS:
         raise ValueError(f"layout {layout!r}: expected one of {', '.join(ROWS)}")
+    G = variants.PLANE_LAYOUTS[layout]
+    nib = np.empty((rows // G, nb * 16 * G), np.uint8)
+    sc = np.empty((rows // G, nb * G), np.uint16)
+    variants.repack_for(layout)(src, nib, sc, 1)
     return np.concatenate([nib.reshape(-1), sc.astype("<u2").view(np.uint8).reshape(-1)])
 
 

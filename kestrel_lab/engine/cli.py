@@ -12,9 +12,9 @@ template writes them) and ``/image PATH`` inside ``chat`` attaches a picture to 
 statistics line then gives each image's LLM tokens and vision-encode time. ``--min-pixels`` and
 ``--max-pixels`` bound the resize (Qwen3-VL's defaults otherwise). A picture that cannot be read stops
 ``generate`` with the preprocessing's message (exit code 2); in ``chat`` it is reported and skipped.
-``bench`` times decode and prefill against the machine's ceiling and PyTorch (``engine.bench``;
-``bench --vision``: the vision tower on one 640×480 image, ``engine.vision_bench``; ``bench --peer llama.cpp``:
-beside llama.cpp built by ``make peers``, on the same checkpoint, ``engine.peer``; ``bench --record RUNNER``
+``bench`` times decode and prefill against the machine's ceiling and PyTorch (``bench.speed``;
+``bench --vision``: the vision tower on one 640×480 image, ``bench.vision``; ``bench --peer llama.cpp``:
+beside llama.cpp built by ``make peers``, on the same checkpoint, ``bench.peer``; ``bench --record RUNNER``
 runs the notebook that owns the figures through ``kestrel-lab rerun`` — day29_1, day20_2, day22_3);
 ``golden check | update`` replays or regenerates the token ids each quantization must produce
 (``kestrel_lab.golden``). ``--key-file K`` (or ``KESTREL_KEY_FILE``) opens an SM4-encrypted VQF
@@ -124,8 +124,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_image_size(c)
     c.set_defaults(func=_chat, think=True)
 
-    from kestrel_lab.engine.bench import DECODE_TOKENS, DEFAULT_CONFIG
-    from kestrel_lab.engine.peer import PEERS
+    from kestrel_lab.bench.speed import DECODE_TOKENS, DEFAULT_CONFIG
+    from kestrel_lab.bench.peer import PEERS
 
     b = sub.add_parser("bench", help="engine decode/prefill tok/s vs the bandwidth ceiling and PyTorch")
     b.add_argument("--config", default=None, help=f"HF config.json (default data/configs/{DEFAULT_CONFIG})")
@@ -423,7 +423,7 @@ def _record(args) -> int:
 def _bench_peer(args, threads, log) -> int:
     import json
 
-    from kestrel_lab.engine import peer
+    from kestrel_lab.bench import peer
 
     if args.vision or args.key_file or args.layers is not None or args.quant != "q4_0":
         print("--peer compares the dense Q4_0 model only (no --vision, --layers, --key-file or --quant)", file=sys.stderr)
@@ -443,7 +443,7 @@ def _bench_peer(args, threads, log) -> int:
 def _bench(args) -> int:
     import json
 
-    from kestrel_lab.engine.bench import format_table, run
+    from kestrel_lab.bench.speed import format_table, run
 
     from kestrel_lab import machine
     from kestrel_lab.threads import use_cpus
@@ -462,7 +462,7 @@ def _bench(args) -> int:
     if args.peer:
         return _bench_peer(args, threads, log)
     if args.vision:
-        from kestrel_lab.engine import vision_bench
+        from kestrel_lab.bench import vision as vision_bench
 
         format_table = vision_bench.format_table
         res = vision_bench.run(args.config, threads, args.torch, log=log)
@@ -470,9 +470,9 @@ def _bench(args) -> int:
         from kestrel_lab.config import ModelConfig
 
         if args.config and ModelConfig.from_hf(args.config).arch == "qwen3_moe":
-            from kestrel_lab.engine.bench import format_moe_table, moe_run
+            from kestrel_lab.bench.moe import format_moe_table, moe_run
 
-            from kestrel_lab.engine.bench import DENSE_TWIN_CONFIG
+            from kestrel_lab.bench.moe import DENSE_TWIN_CONFIG
             from kestrel_lab.paths import configs_dir
 
             if args.memory_limit is not None:

@@ -58,7 +58,7 @@ from kestrel_lab.engine import moe as M
 from kestrel_lab.engine.kv import ContextFullError, KVCache
 from kestrel_lab.kernels import ops as K
 from kestrel_lab.kernels import registry
-from kestrel_lab.kernels import v16 as V
+from kestrel_lab.kernels import variants
 from kestrel_lab.kernels.attention import attend
 from kestrel_lab.kernels.host import host_features
 from kestrel_lab.kernels.linear import Activation, Linear, RawTensor, fused_kernel, kernel_for
@@ -142,23 +142,31 @@ class Qwen3Engine:
     def __init__(self, config: ModelConfig, tensors, *, max_context: int = 4096, threads: int | None = None,
                  repack: bool = False, source: str = "<tensors>", keepalive=None, interleave: bool = True,
                  expert_paging: str = "os", available_memory: int | None = None):
-        if config.arch not in ATTENTION_TRAITS:
-            raise ValueError(f"{source}: arch {config.arch!r} is not one this engine runs (qwen3, qwen3_moe, "
-                             f"qwen2 and the text tower of qwen3_vl)")
-        # The configuration within the one table of bounds and the context within the model's, before
-        # anything is sized from them (``kestrel_lab.limits``); then memory, before anything is allocated.
-        try:
-            limits.check_config(config)
-            context = limits.check_context(max_context, config.max_position_embeddings)
-        except limits.LimitError as e:
-            raise limits.LimitError(e.field, e.value, e.expected, e.why, where=source) from None
-        self.config = config
-        self.source = source
-        self.expert_paging = expert_paging
+        self.config, self.source, self.expert_paging = config, source, expert_paging
         self._keepalive = keepalive      # the mapped file must outlive the views
         self.threads = resolve_threads(threads)
-        c = config
-        L, hd = c.num_hidden_layers, c.head_dim
+        context = self._check(tensors, max_context)
+        self._bind_small(tensors)
+        linear_names, per_layer = self._linear_names()
+        copy_as = self._plan_copies(tensors, linear_names, per_layer, context, interleave, repack, available_memory)
+        stacked, planes = self._copy(tensors, linear_names, copy_as)
+        self._bind_layers(tensors, stacked, planes, per_layer)
+        self._allocate(context)
+
+    # ------------------------------------------------------------------ construction, step by step
+    def _check(self, tensors, max_context: int) -> int:
+        """Refuse what this engine cannot run — the architecture, a configuration or context beyond the
+        one table of bounds (``kestrel_lab.limits``), a tensor missing, misshapen or of the wrong qtype —
+        before anything is sized from it. Returns the context the cache will hold."""
+        c, source = self.config, self.source
+        if c.arch not in ATTENTION_TRAITS:
+            raise ValueError(f"{source}: arch {c.arch!r} is not one this engine runs (qwen3, qwen3_moe, "
+                             f"qwen2 and the text tower of qwen3_vl)")
+        try:
+            limits.check_config(c)
+            context = limits.check_context(max_context, c.max_position_embeddings)
+        except limits.LimitError as e:
+            raise limits.LimitError(e.field, e.value, e.expected, e.why, where=source) from None
         specs = {spec.name: spec for spec in text_specs(c)}
         for name, spec in specs.items():
             if name not in tensors:
@@ -171,128 +179,141 @@ class Qwen3Engine:
         for name in (n for n in small if n in specs):
             if tensors[name].qtype != Q.F32.id:
                 raise ValueError(f"{source}: tensor {name!r} has qtype {Q.qtype(tensors[name].qtype).name}, expected F32")
-        emb = tensors["token_embed"]
-        if emb.qtype not in (Q.F32.id, Q.F16.id):
-            raise ValueError(f"{source}: tensor 'token_embed' has qtype {Q.qtype(emb.qtype).name}, expected F16 or F32")
+        if tensors["token_embed"].qtype not in (Q.F32.id, Q.F16.id):
+            raise ValueError(f"{source}: tensor 'token_embed' has qtype "
+                             f"{Q.qtype(tensors['token_embed'].qtype).name}, expected F16 or F32")
+        self._specs = specs
+        # where each tensor's bytes live while the engine runs: used in place from the file's mapping
+        # (shared with every process that maps it) or copied at load into anonymous memory
+        self.bytes_in_place = {name: tensors[name].data.nbytes for name in specs}
+        self.bytes_copied, self.bytes_released, self.repack_seconds = {}, 0, 0.0
+        return context
 
-        def f32(name):
+    def _bind_small(self, tensors) -> None:
+        """The norms, the attention traits' small tensors and the embedding, as views of the file.
+
+        Absent tensors (a trait the architecture lacks) are empty (L, 0) arrays, read-only like the
+        mapping's views, so the whole-step kernel has one signature for every architecture."""
+        L = self.config.num_hidden_layers
+
+        def f32(name, present=True):
+            if not present:
+                a = np.zeros((L, 0), np.float32)
+                a.setflags(write=False)
+                return a
             t = tensors[name]
             return t.data.view("<f4").reshape(t.rows, t.cols)
 
         self.final_norm = f32("final_norm")[0]
         self.attn_norm, self.ffn_norm = f32("attn_norm"), f32("ffn_norm")
-        # attention's small tensors by the architecture's traits; absent ones are empty (L, 0) arrays,
-        # read-only like the mapping's views, so the whole-step kernel has one signature for all
-        traits = c.attention
-        self.qk_norm, self.qkv_bias = traits.qk_norm, traits.qkv_bias
-
-        def f32_or_empty(name, present):
-            if present:
-                return f32(name)
-            a = np.zeros((L, 0), np.float32)
-            a.setflags(write=False)
-            return a
-
-        self.q_norm, self.k_norm = f32_or_empty("q_norm", self.qk_norm), f32_or_empty("k_norm", self.qk_norm)
-        self.q_bias, self.k_bias, self.v_bias = (f32_or_empty(n, self.qkv_bias) for n in ("q_bias", "k_bias", "v_bias"))
+        self.qk_norm, self.qkv_bias = self.config.attention.qk_norm, self.config.attention.qkv_bias
+        self.q_norm, self.k_norm = f32("q_norm", self.qk_norm), f32("k_norm", self.qk_norm)
+        self.q_bias, self.k_bias, self.v_bias = (f32(n, self.qkv_bias) for n in ("q_bias", "k_bias", "v_bias"))
+        emb = tensors["token_embed"]
         self.embed_qtype = emb.qtype
         self.embed = emb.data.view("<f4" if emb.qtype == Q.F32.id else "<u2").reshape(emb.rows, emb.cols)
 
+    def _linear_names(self) -> tuple[tuple[str, ...], dict[str, int]]:
+        """The matrices bound as ``Linear``: stacked per layer (attention; a dense model's FFN) or one per
+        entry (the lm head; each dense layer's FFN inside an MoE model), and the rows of one layer's slice
+        of each. The expert stacks and the router are used in place (``engine.moe``), never copied."""
+        c = self.config
         is_moe = c.arch == "qwen3_moe"
-        # matrices bound as Linear: stacked per layer (attention; a dense model's FFN), or one per entry
-        # (the lm head; each dense layer's FFN inside an MoE model). The expert stacks and the router
-        # are not in this list: they are used in place (``engine.moe``), never copied.
         whole = ("q4_lm",) + tuple(dense_ffn_name(k, i) for i in c.dense_layers for k in ("gate", "up", "down")
                                    if is_moe)
-        linear_names = (ATTENTION if is_moe else MATRICES) + whole
-        # rows of one layer's slice of each stacked matrix (whole entries are one matrix)
-        per_layer = {name: specs[name].rows // (1 if name in whole else L) for name in linear_names}
-        self.repack_seconds = 0.0
-        # Where each tensor's bytes live while the engine runs: used in place from the file's mapping
-        # (shared with every process that maps it) or copied at load into anonymous memory.
-        self.bytes_in_place = {name: tensors[name].data.nbytes for name in specs}
-        self.bytes_copied = {}
-        self.bytes_released = 0          # decrypted bytes given back after copying (an encrypted file)
-        stacked, planes = {}, {}
-        # plain Q4_0 → the row-grouped layout this host's fastest kernels read (G rows per group)
+        names = (ATTENTION if is_moe else MATRICES) + whole
+        return names, {n: self._specs[n].rows // (1 if n in whole else c.num_hidden_layers) for n in names}
+
+    def _plan_copies(self, tensors, names, per_layer, context, interleave, repack, available_memory) -> dict:
+        """Which plain Q4_0 matrices are copied at load, and into what: "planes" (the row-grouped layout of
+        the host's fastest variant, ``kernels.variants``; ``KESTREL_Q4_LAYOUT`` forces one), "8x8l"
+        (``repack=True``) or None (the file's bytes). Then memory, checked before anything is allocated."""
+        c = self.config
         self.q4_layout = registry.q4_load_layout()
-        if self.q4_layout not in registry.PLANE_LAYOUTS:      # KESTREL_Q4_LAYOUT=plain: the file's bytes
+        if self.q4_layout not in variants.PLANE_LAYOUTS:      # KESTREL_Q4_LAYOUT=plain: the file's bytes
             interleave = False
-        G = registry.PLANE_LAYOUTS.get(self.q4_layout, K.QR)
-        split_q4 = K.repack_q4_0_to_r32 if self.q4_layout == "Q4_0_R32" else V.repack_q4_0_to_v16
-        # which matrices are copied at load (same byte count as the file's): "planes" (the host's row-grouped
-        # layout), "8x8l" or None
+        G = variants.PLANE_LAYOUTS.get(self.q4_layout, 1)
         copy_as = {name: ("planes" if interleave and not repack and per_layer[name] % G == 0 else
                           "8x8l" if repack and tensors[name].rows % 8 == 0 else None)
-                   if tensors[name].qtype == Q.Q4_0.id else None for name in linear_names}
+                   if tensors[name].qtype == Q.Q4_0.id else None for name in names}
         copied = sum(tensors[name].data.nbytes for name, kind in copy_as.items() if kind)
-        per_token = KVCache.bytes_per_token_for(L, c.num_key_value_heads, hd)
-        check_memory(engine_needs(c, context, copied), source, available_memory,
+        per_token = KVCache.bytes_per_token_for(c.num_hidden_layers, c.num_key_value_heads, c.head_dim)
+        check_memory(engine_needs(c, context, copied), self.source, available_memory,
                      hint=f"lower max_context (each token costs {per_token:,} bytes of KV cache) or pass "
                           f"interleave=False (no copies)")
-        for name in linear_names:
+        return copy_as
+
+    def _copy(self, tensors, names, copy_as) -> tuple[dict, dict]:
+        """Make the copies ``_plan_copies`` decided: (tensor per name, (nibbles, scales) planes per name)."""
+        stacked, planes = {}, {}
+        G = variants.PLANE_LAYOUTS.get(self.q4_layout, 1)
+        for name in names:
             t = tensors[name]
+            if copy_as[name] is None:
+                stacked[name] = t
+                continue
+            t0 = time.perf_counter()
+            src = t.data.reshape(t.rows, t.data.size // t.rows)
             if copy_as[name] == "planes":
-                t0 = time.perf_counter()
-                src = t.data.reshape(t.rows, t.data.size // t.rows)
                 nb = t.cols // K.QK
                 nib = np.empty((t.rows // G, nb * 16 * G), np.uint8)
                 sc = np.empty((t.rows // G, nb * G), np.uint16)
-                split_q4(src, nib, sc, K.n_chunks(t.rows // G))
+                variants.repack_for(self.q4_layout)(src, nib, sc, K.n_chunks(t.rows // G))
                 nib.setflags(write=False)
                 sc.setflags(write=False)
-                self.repack_seconds += time.perf_counter() - t0
-                del self.bytes_in_place[name]
-                self.bytes_copied[name] = nib.nbytes + sc.nbytes
-                planes[name] = (nib, sc)
-            elif copy_as[name] == "8x8l":
-                t0 = time.perf_counter()
-                src = t.data.reshape(t.rows, t.data.size // t.rows)
+                planes[name], copied = (nib, sc), nib.nbytes + sc.nbytes
+                stacked[name] = t
+            else:
                 dst = np.empty(t.data.size, np.uint8)
                 K.repack_q4_0_to_8x8l(src, dst, K.n_chunks(t.rows // 8))
-                self.repack_seconds += time.perf_counter() - t0
-                del self.bytes_in_place[name]
-                self.bytes_copied[name] = dst.nbytes
-                t = RawTensor(Q.Q4_8X8L.id, t.rows, t.cols, dst)
-            stacked[name] = t
-        def split(name, g0, g1):
-            if name not in planes:
-                return None
-            nib, sc = planes[name]
-            return nib[g0:g1], sc[g0:g1]
+                stacked[name], copied = RawTensor(Q.Q4_8X8L.id, t.rows, t.cols, dst), dst.nbytes
+            self.repack_seconds += time.perf_counter() - t0
+            del self.bytes_in_place[name]
+            self.bytes_copied[name] = copied
+        return stacked, planes
 
-        # The whole-step kernel (registry call "layers") needs every layer matrix row-interleaved.
+    def _bind_layers(self, tensors, stacked, planes, per_layer) -> None:
+        """One dict of ``Linear`` per layer (views of each stacked matrix, or of its planes), the MoE
+        layers, the lm head, and the whole-step kernel when every layer matrix has planes."""
+        c = self.config
+        is_moe = c.arch == "qwen3_moe"
+        G = variants.PLANE_LAYOUTS.get(self.q4_layout, 1)
+
+        def linear(name, rows, cols, data, label, g0=0, g1=None):
+            nib_sc = (planes[name][0][g0:g1], planes[name][1][g0:g1]) if name in planes else None
+            return Linear(stacked[name].qtype, rows, cols, data, label, r32=nib_sc, planes_layout=self.q4_layout)
+
+        # The whole-step kernel (registry call "layers") needs every layer matrix in planes.
         self._planes = (tuple(a for name in MATRICES for a in planes[name])
                         if all(name in planes for name in MATRICES) else None)
         self._step = kernel_for(self.q4_layout, "layers") if self._planes is not None else None
-        self.layers = []
-        self.moe_layers: dict[int, M.MoELayer] = {}
-        for layer in range(L):
+        self.layers, self.moe_layers = [], {}
+        for layer in range(c.num_hidden_layers):
             mats = {}
             for name in (ATTENTION if is_moe else MATRICES):
                 rows, t = per_layer[name], stacked[name]
-                g0, g1 = layer * rows // G, (layer + 1) * rows // G
-                mats[name] = Linear(t.qtype, rows, t.cols, _rows_slice(t, layer * rows, (layer + 1) * rows),
-                                    f"{name}[{layer}]", r32=split(name, g0, g1), planes_layout=self.q4_layout)
+                mats[name] = linear(name, rows, t.cols, _rows_slice(t, layer * rows, (layer + 1) * rows),
+                                    f"{name}[{layer}]", layer * rows // G, (layer + 1) * rows // G)
             if is_moe and c.is_moe_layer(layer):
                 self.moe_layers[layer] = self._moe_layer(tensors, c.moe_layers.index(layer))
             elif is_moe:
                 for kind, name in zip(FFN, (dense_ffn_name(k, layer) for k in ("gate", "up", "down"))):
                     t = stacked[name]
-                    mats[kind] = Linear(t.qtype, t.rows, t.cols, t.data.reshape(-1), name, r32=split(name, 0, None),
-                                        planes_layout=self.q4_layout)
+                    mats[kind] = linear(name, t.rows, t.cols, t.data.reshape(-1), name)
             self.layers.append(mats)
         t = stacked["q4_lm"]
-        self.lm_head = Linear(t.qtype, t.rows, t.cols, t.data.reshape(-1), "q4_lm",
-                              r32=split("q4_lm", 0, None), planes_layout=self.q4_layout)
+        self.lm_head = linear("q4_lm", t.rows, t.cols, t.data.reshape(-1), "q4_lm")
         self.weight_qtypes = {name: Q.qtype(stacked[name].qtype).name for name in stacked}
         if self.moe_layers:
             self.weight_qtypes.update({n: Q.qtype(tensors[n].qtype).name
                                        for n in ("moe_router", "q4_gate_exps", "q4_up_exps", "q4_down_exps")})
 
+    def _allocate(self, context: int) -> None:
+        """The KV cache, the RoPE tables for every position of the context, the counters."""
+        c = self.config
         self.max_context = context
-        self.cache = KVCache(L, c.num_key_value_heads, hd, self.max_context)
-        self._cos, self._sin = rope_cos_sin(np.arange(self.max_context), hd, c.rope_theta)
+        self.cache = KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.max_context)
+        self._cos, self._sin = rope_cos_sin(np.arange(self.max_context), c.head_dim, c.rope_theta)
         # The rope position is not the cache length once an image is in the cache (MRoPE: an image of
         # H'×W' tokens advances the position by max(H', W') only). ``_rope_next[n]`` is the position the
         # next token takes when the cache holds n tokens, so decode, truncate and reuse all read it.

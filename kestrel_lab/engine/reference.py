@@ -1,4 +1,4 @@
-"""A plain numpy Qwen3 (and Qwen2) forward doing the engine's math, and the measures of what quantization costs.
+"""A plain numpy Qwen3 (and Qwen2) forward doing the engine's math.
 
 ``reference_logits`` is the engine written the slow, obvious way: every matrix is dequantized from
 the same blocks (``kestrel_lab.quant.dequantize``), and — for quantized weights — the activation
@@ -6,11 +6,9 @@ vector is quantized to Q8_0 with ``quant.quantize_q8_0`` and dequantized again, 
 value the engine's integer dot products see. Dot products are then float64 matmuls. Agreement with
 the engine to ~1e-5 relative shows the kernels compute what they claim; any larger gap is a bug.
 
-``logit_agreement`` (KL, top-1 agreement and max difference of two sets of logits) lives in
-``kestrel_lab.eval`` with the other measures of quantization error and is re-exported here, where
-day12_3 first uses it.
-Taught in day12_3 (the notebook checks its own 30-line forward against ``reference_logits`` and
-its KL / top-1 against ``logit_agreement``).
+What the gap costs (KL, top-1 agreement, max difference: ``eval.logit_agreement``) is measured a floor
+above, in ``kestrel_lab.eval``. Taught in day12_3 (the notebook checks its own 30-line forward against
+``reference_logits``).
 """
 from __future__ import annotations
 
@@ -18,7 +16,6 @@ import numpy as np
 
 from kestrel_lab import quant as Q
 from kestrel_lab.config import ModelConfig
-from kestrel_lab.eval import logit_agreement  # noqa: F401  (re-exported: one home for the agreement metrics)
 
 
 def _deq(t) -> np.ndarray:

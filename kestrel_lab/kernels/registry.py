@@ -20,9 +20,10 @@ call       what it computes                                                signa
 ``.q8()``, ``.q8c()``, ``.x8x8()``). Every (layout, call) that exists has a **portable** kernel; an
 ISA-specific one (``isa="avx512_vnni"``, ``"dotprod"`` …) registers beside it and is chosen when the
 host has that feature (``host_features``): ``avx512_vnni``, then ``avx2``, for ``Q4_0_V16``,
-``dotprod`` (the A76's ``sdot``) for plain ``Q4_0``. A new layout (an 8-row VNNI layout, the A76's 4×4 layout),
-a new consumer (the vision tower's matmul with bias) or an ISA-specific kernel is
-one ``@register`` away. ``qkv``/``swiglu`` fall back to separate ``one`` calls for layouts without a
+``dotprod`` (the A76's ``sdot``) for plain ``Q4_0``. The Q4_0 kernels are registered from the one table of
+variants (``kernels.variants``: layout, ISA, rows per group, kernels): a new Q4_0 variant (an 8-row
+VNNI layout, the A76's 4×4 layout) is one entry there; a new consumer (the vision tower's matmul with
+bias) or another layout's kernel is one ``@register`` away. ``qkv``/``swiglu`` fall back to separate ``one`` calls for layouts without a
 fused kernel. ``experts`` (Qwen3-MoE, ``engine.moe``): plain Q4_0 experts have a grouped kernel that reads
 the file's rows in place; the other layouts go expert by expert through their ``many`` kernels.
 Each ``Kernel`` counts its calls, so the bench and the provenance can say which ran.
@@ -37,13 +38,12 @@ from typing import Callable
 import numpy as np
 
 from kestrel_lab.kernels import ops as K
-from kestrel_lab.kernels import step
-from kestrel_lab.kernels import v16 as V
+from kestrel_lab.kernels import step, variants
 from kestrel_lab.kernels.host import host_features
 
 CALLS = ("one", "many", "qkv", "swiglu", "layers", "experts", "gemm")
 GEMM_TILE_BYTES = 16 << 20   # float32 bytes of weight rows widened per sgemm (a whole 2B vision matrix)
-PORTABLE = "portable"
+PORTABLE = variants.PORTABLE
 
 
 @dataclass
@@ -96,9 +96,6 @@ def layout_of(w) -> str:
     if getattr(w, "nib", None) is not None:
         return getattr(w, "planes_layout", "Q4_0_R32")
     return w.qt.name
-
-
-PLANE_LAYOUTS = {"Q4_0_R32": 32, "Q4_0_V16": 16}   # layouts made from plain Q4_0 at load → rows per group
 
 
 Q4_LAYOUTS = {"r32": "Q4_0_R32", "v16": "Q4_0_V16", "plain": "Q4_0"}   # KESTREL_Q4_LAYOUT values
@@ -172,77 +169,67 @@ def _q8_many(w, act, out):
     K.matmul_rows_q8_0(w.w, w.w.view(np.int8), xq, xd, K.F16_TO_F32, out, K.n_chunks(w.rows))
 
 
-# ------------------------------------------------------------ plain Q4_0: 16 int16 lanes, or the A76's sdot
-def _register_q4_0(isa: str, suffix: str, matvec, matvec3, swiglu, matmul, experts_gate_up, experts_down):
-    """The five calls on the file's plain Q4_0 bytes for one ISA (``kernels.ops._make_q4_0_kernels``):
-    the portable 16-lane kernels, or the int8-dot ones (``sdot``) for ``dotprod`` hosts. Same kernel
-    order as ``_register_v16``."""
-    def one(w, act, out):
-        xq, xd = act.q8()
-        matvec(w.w, xq, xd, K.F16_TO_F32, out[0], K.n_chunks(w.rows))
+# ------------------------------------------------------------ Q4_0: every variant of ``kernels.variants``
+def _register_variant(v: variants.Variant) -> None:
+    """Variant ``v``'s calls: ``one``, ``many``, ``qkv``, ``swiglu`` on its layout, then the whole decode step
+    for a row-grouped layout (planes ``w.nib``/``w.sc``, activations with block sums) or the grouped MoE
+    experts on the file's plain bytes (``w.w``, activations ``q8``)."""
+    if v.planes:
+        def one(w, act, out):
+            xq, xc, xd = act.q8c()
+            v.matvec(w.nib, w.sc, xq, xc, xd, out[0], K.n_chunks(w.nib.shape[0]))
 
-    def many(w, act, out):
-        xq, xd = act.q8()
-        matmul(w.w, xq, xd, K.F16_TO_F32, out, K.n_chunks(w.rows))
+        def many(w, act, out):
+            xq, xc, xd = act.q8c()
+            v.matmul(w.nib, w.sc, xq, xc, xd, out, K.n_chunks(w.nib.shape[0]))
 
-    def qkv(wq, wk, wv, act, q, k, v):
-        xq, xd = act.q8()
-        matvec3(wq.w, wk.w, wv.w, xq, xd, K.F16_TO_F32, q[0], k[0], v[0], K.n_chunks(wq.rows + wk.rows + wv.rows))
+        def qkv(wq, wk, wv, act, q, k, v_):
+            xq, xc, xd = act.q8c()
+            v.matvec3(wq.nib, wq.sc, wk.nib, wk.sc, wv.nib, wv.sc, xq, xc, xd, q[0], k[0], v_[0],
+                      K.n_chunks(wq.nib.shape[0] + wk.nib.shape[0] + wv.nib.shape[0]))
 
-    def fused_swiglu(wg, wu, act, out):
-        xq, xd = act.q8()
-        swiglu(wg.w, wu.w, xq, xd, K.F16_TO_F32, out[0], K.n_chunks(wg.rows))
+        def fused_swiglu(wg, wu, act, out):
+            xq, xc, xd = act.q8c()
+            v.swiglu(wg.nib, wg.sc, wu.nib, wu.sc, xq, xc, xd, out[0], K.n_chunks(wg.nib.shape[0]))
+    else:
+        def one(w, act, out):
+            xq, xd = act.q8()
+            v.matvec(w.w, xq, xd, K.F16_TO_F32, out[0], K.n_chunks(w.rows))
 
+        def many(w, act, out):
+            xq, xd = act.q8()
+            v.matmul(w.w, xq, xd, K.F16_TO_F32, out, K.n_chunks(w.rows))
+
+        def qkv(wq, wk, wv, act, q, k, v_):
+            xq, xd = act.q8()
+            v.matvec3(wq.w, wk.w, wv.w, xq, xd, K.F16_TO_F32, q[0], k[0], v_[0],
+                      K.n_chunks(wq.rows + wk.rows + wv.rows))
+
+        def fused_swiglu(wg, wu, act, out):
+            xq, xd = act.q8()
+            v.swiglu(wg.w, wu.w, xq, xd, K.F16_TO_F32, out[0], K.n_chunks(wg.rows))
+
+    for call, fn in (("one", one), ("many", many), ("qkv", qkv), ("swiglu", fused_swiglu)):
+        register(v.layout, call, v.isa, name=v.kernel_name(call))(fn)
+    if v.planes:
+        register(v.layout, "layers", v.isa, name=v.kernel_name("layers"))(step.make_decode_layers(v.name))
+    if v.experts:
+        register(v.layout, "experts", v.isa, name=v.kernel_name("experts"))(_grouped_experts(*v.experts))
+
+
+def _grouped_experts(gate_up, down):
+    """MoE experts (``engine.moe``) on the file's plain Q4_0 bytes: gate/up for every (token, expert) pair
+    in one parallel region, then down in another."""
     def experts(stack, act, groups, out):
-        """MoE experts (``engine.moe``): gate/up for every (token, expert) pair, then down."""
         xq, xd = act.q8()
         g = np.empty((groups.n_pairs, stack.m), np.float32)
         nch = _expert_chunks(groups.experts.size)
-        experts_gate_up(stack.gate, stack.up, groups.experts, groups.start, groups.tok, xq, xd, K.F16_TO_F32, g, nch)
+        gate_up(stack.gate, stack.up, groups.experts, groups.start, groups.tok, xq, xd, K.F16_TO_F32, g, nch)
         gq = np.empty(g.shape, np.int8)
         gd = np.empty((g.shape[0], g.shape[1] // K.QK), np.float32)
         K.quantize_rows(g, gq, gd)
-        experts_down(stack.down, groups.experts, groups.start, gq, gd, K.F16_TO_F32, out, nch)
-
-    register("Q4_0", "one", isa, name=f"matvec_q4_0{suffix}")(one)
-    register("Q4_0", "many", isa, name=f"matmul_rows_q4_0{suffix}")(many)
-    register("Q4_0", "qkv", isa, name=f"matvec3_q4_0{suffix}")(qkv)
-    register("Q4_0", "swiglu", isa, name=f"matvec_swiglu_q4_0{suffix}")(fused_swiglu)
-    register("Q4_0", "experts", isa, name=f"experts_q4_0{suffix}")(experts)
-
-
-_register_q4_0(PORTABLE, "", K.matvec_q4_0, K.matvec3_q4_0, K.matvec_swiglu_q4_0, K.matmul_rows_q4_0,
-               K.experts_swiglu_q4_0, K.experts_down_q4_0)
-_register_q4_0("dotprod", "_sdot", K.matvec_q4_0_sdot, K.matvec3_q4_0_sdot, K.matvec_swiglu_q4_0_sdot,
-               K.matmul_rows_q4_0_sdot, K.experts_swiglu_q4_0_sdot, K.experts_down_q4_0_sdot)
-
-
-@register("Q4_0_R32", "one", name="matvec_q4_r32")
-def _r32_one(w, act, out):
-    xq, xc, xd = act.q8c()
-    K.matvec_q4_r32(w.nib, w.sc, xq, xc, xd, out[0], K.n_chunks(w.nib.shape[0]))
-
-
-@register("Q4_0_R32", "many", name="matmul_q4_r32")
-def _r32_many(w, act, out):
-    xq, xc, xd = act.q8c()
-    K.matmul_q4_r32(w.nib, w.sc, xq, xc, xd, out, K.n_chunks(w.nib.shape[0]))
-
-
-@register("Q4_0_R32", "qkv", name="matvec3_q4_r32")
-def _r32_qkv(wq, wk, wv, act, q, k, v):
-    xq, xc, xd = act.q8c()
-    K.matvec3_q4_r32(wq.nib, wq.sc, wk.nib, wk.sc, wv.nib, wv.sc, xq, xc, xd, q[0], k[0], v[0],
-                     K.n_chunks(wq.nib.shape[0] + wk.nib.shape[0] + wv.nib.shape[0]))
-
-
-@register("Q4_0_R32", "swiglu", name="matvec_swiglu_q4_r32")
-def _r32_swiglu(wg, wu, act, out):
-    xq, xc, xd = act.q8c()
-    K.matvec_swiglu_q4_r32(wg.nib, wg.sc, wu.nib, wu.sc, xq, xc, xd, out[0], K.n_chunks(wg.nib.shape[0]))
-
-
-register("Q4_0_R32", "layers", name="decode_layers_r32")(step.decode_layers_r32)
+        down(stack.down, groups.experts, groups.start, gq, gd, K.F16_TO_F32, out, nch)
+    return experts
 
 
 @register("Q4_8X8L", "one", name="matvec_q4_8x8l")
@@ -270,39 +257,6 @@ def _x8_swiglu(wg, wu, act, out):
     K.matvec_swiglu_q4_8x8l(wg.w, wu.w, xe, xd, K.F16_TO_F32, out[0], K.n_chunks(wg.rows // 8))
 
 
-# ------------------------------------------------------------ Q4_0_V16: portable, AVX-512 VNNI and AVX2
-def _register_v16(isa: str, suffix: str, matvec, matvec3, swiglu, matmul):
-    """The five calls on ``Q4_0_V16`` for one ISA (the kernels of ``kernels.v16._make_kernels``)."""
-    def one(w, act, out):
-        xq, xc, xd = act.q8c()
-        matvec(w.nib, w.sc, xq, xc, xd, out[0], K.n_chunks(w.nib.shape[0]))
-
-    def many(w, act, out):
-        xq, xc, xd = act.q8c()
-        matmul(w.nib, w.sc, xq, xc, xd, out, K.n_chunks(w.nib.shape[0]))
-
-    def qkv(wq, wk, wv, act, q, k, v):
-        xq, xc, xd = act.q8c()
-        matvec3(wq.nib, wq.sc, wk.nib, wk.sc, wv.nib, wv.sc, xq, xc, xd, q[0], k[0], v[0],
-                K.n_chunks(wq.nib.shape[0] + wk.nib.shape[0] + wv.nib.shape[0]))
-
-    def fused_swiglu(wg, wu, act, out):
-        xq, xc, xd = act.q8c()
-        swiglu(wg.nib, wg.sc, wu.nib, wu.sc, xq, xc, xd, out[0], K.n_chunks(wg.nib.shape[0]))
-
-    register("Q4_0_V16", "one", isa, name=f"matvec_q4_v16{suffix}")(one)
-    register("Q4_0_V16", "many", isa, name=f"matmul_q4_v16{suffix}")(many)
-    register("Q4_0_V16", "qkv", isa, name=f"matvec3_q4_v16{suffix}")(qkv)
-    register("Q4_0_V16", "swiglu", isa, name=f"matvec_swiglu_q4_v16{suffix}")(fused_swiglu)
-    register("Q4_0_V16", "layers", isa, name=f"decode_layers_v16{suffix}")(step.make_decode_layers("v16" + suffix))
-
-
-_register_v16(PORTABLE, "", V.matvec_q4_v16, V.matvec3_q4_v16, V.matvec_swiglu_q4_v16, V.matmul_q4_v16)
-_register_v16("avx512_vnni", "_vnni", V.matvec_q4_v16_vnni, V.matvec3_q4_v16_vnni, V.matvec_swiglu_q4_v16_vnni,
-              V.matmul_q4_v16_vnni)
-# Registered after VNNI, so a host with both picks ``vpdpbusd`` (``select`` takes the first that fits).
-_register_v16("avx2", "_avx2", V.matvec_q4_v16_avx2, V.matvec3_q4_v16_avx2, V.matvec_swiglu_q4_v16_avx2,
-              V.matmul_q4_v16_avx2)
 # --------------------------------------------------------------------------- MoE experts (``engine.moe``)
 # ``stack`` is an ``moe.ExpertStack`` (views of one layer's runs in the stacked expert entries, never
 # copied), ``act`` the Activation of the chunk's tokens, ``groups`` an ``moe.Groups`` (pairs sorted by
@@ -355,3 +309,7 @@ def _q8_gemm(w, act, out):
 @register("F16", "gemm", name="widened_sgemm_f16")
 def _f16_gemm(w, act, out):
     _tiled_gemm(w, act, out, lambda r0, t: K.dequant_rows_f16(w.w, K.F16_TO_F32, r0, t))
+
+
+for _variant in variants.VARIANTS:        # in table order: ``select`` takes the first ISA kernel that fits
+    _register_variant(_variant)

@@ -1,17 +1,21 @@
-"""A whole decode step in one numba call, when every layer matrix is row-interleaved Q4_0.
+"""A whole decode step in one numba call, when every layer matrix is in a row-grouped Q4_0 layout.
 
-``decode_layers_r32`` is the per-layer code of ``Qwen3Engine._forward`` for one token (same kernels,
-same order of float operations, so the logits are bit-identical) compiled as a single function:
-at 30+ tok/s one step lasts ~25 ms and the interpreter's ~20 calls per layer would otherwise cost
-several of them. It is the registry's ``("Q4_0_R32", "layers")`` kernel. Taught in day11_2.
+``make_decode_layers(variant)`` is the per-layer code of ``Qwen3Engine._forward`` for one token (same
+kernels, same order of float operations, so the logits are bit-identical) compiled as a single
+function: at 30+ tok/s one step lasts ~25 ms and the interpreter's ~20 calls per layer would otherwise
+cost several of them. The variant's kernels come from ``variants`` (its ``matvec`` / ``matvec3`` /
+``swiglu`` stubs, resolved while numba compiles the step); the registry registers one step per
+row-grouped variant as its ``(layout, "layers")`` kernel. Taught in day11_2.
 """
 from __future__ import annotations
+
+from functools import lru_cache
 
 import numpy as np
 from numba import njit
 
 from kestrel_lab.kernels import ops as K
-from kestrel_lab.kernels import v16 as V
+from kestrel_lab.kernels import variants
 from kestrel_lab.kernels.attention import attend
 from kestrel_lab.kernels.rope import apply_rope
 
@@ -28,15 +32,16 @@ def _q8c_into(x, xq_buf, xd_buf, xc_buf):
     return xq, xc, xd
 
 
-KINDS = {"r32": K.QR, "v16": V.QV, "v16_vnni": V.QV, "v16_avx2": V.QV}   # the step's variants → rows per group
-
-
+@lru_cache(maxsize=None)
 def make_decode_layers(kind: str):
-    """The whole-step kernel on one row-group layout's kernels: ``kind`` "r32" (``Q4_0_R32``), "v16",
-    "v16_vnni" or "v16_avx2" (``Q4_0_V16``: portable, ``vpdpbusd`` or ``vpmaddubsw``). numba freezes
-    the closure's ``kind`` and prunes the calls of the other variants before typing (a closure over the
-    kernels themselves would change numba's on-disk cache key in every process). Taught in day11_2."""
-    G = KINDS[kind]
+    """The whole-step kernel on one row-grouped variant's kernels (``kind``: a name of ``variants.VARIANTS``
+    with planes, e.g. "r32" or "v16_vnni"). numba freezes the closure's ``kind`` as a constant and the
+    ``variants`` stubs pick that variant's kernels while it compiles (a closure over the kernels
+    themselves would change numba's on-disk cache key in every process). Taught in day11_2."""
+    variant = variants.of(kind)
+    if not variant.planes:
+        raise ValueError(f"variant {kind!r} keeps the file's rows: the whole-step kernel needs row-grouped planes")
+    G = variant.rows_per_group
 
     @njit(cache=True)
     def decode_layers(h, eps, attn_norm, ffn_norm, q_norm, k_norm, qkv_bias, qk_norm, has_bias, planes, kc_all,
@@ -74,18 +79,10 @@ def make_decode_layers(kind: str):
             # attention block: norm → Q, K, V → q/k norm → RoPE → cache → attention → Wo, residual
             K.rmsnorm(h, attn_norm[l], eps, x)
             xq, xc, xd = _q8c_into(x, xq_buf, xd_buf, xc_buf)
-            qkv = (qn[l * gq:(l + 1) * gq], qs[l * gq:(l + 1) * gq], kn[l * gk:(l + 1) * gk],
-                   ks[l * gk:(l + 1) * gk], vn[l * gk:(l + 1) * gk], vs[l * gk:(l + 1) * gk])
-            if kind == "r32":
-                K.matvec3_q4_r32(*qkv, xq, xc, xd, q.reshape(-1), k.reshape(-1), v.reshape(-1), min(gq + 2 * gk, 4 * nt))
-            elif kind == "v16":
-                V.matvec3_q4_v16(*qkv, xq, xc, xd, q.reshape(-1), k.reshape(-1), v.reshape(-1), min(gq + 2 * gk, 4 * nt))
-            elif kind == "v16_vnni":
-                V.matvec3_q4_v16_vnni(*qkv, xq, xc, xd, q.reshape(-1), k.reshape(-1), v.reshape(-1),
-                                      min(gq + 2 * gk, 4 * nt))
-            else:
-                V.matvec3_q4_v16_avx2(*qkv, xq, xc, xd, q.reshape(-1), k.reshape(-1), v.reshape(-1),
-                                      min(gq + 2 * gk, 4 * nt))
+            # (arguments spelled out, not ``*tuple``: numba keeps ``kind`` a constant only in a plain call)
+            variants.matvec3(kind, qn[l * gq:(l + 1) * gq], qs[l * gq:(l + 1) * gq], kn[l * gk:(l + 1) * gk],
+                             ks[l * gk:(l + 1) * gk], vn[l * gk:(l + 1) * gk], vs[l * gk:(l + 1) * gk],
+                             xq, xc, xd, q.reshape(-1), k.reshape(-1), v.reshape(-1), min(gq + 2 * gk, 4 * nt))
             if has_bias:
                 qf, kf, vf = q.reshape(-1), k.reshape(-1), v.reshape(-1)
                 for i in range(qf.size):
@@ -102,39 +99,16 @@ def make_decode_layers(kind: str):
             vc_all[l, :, pos, :] = v[0]
             attend(q, kc_all[l], vc_all[l], pos, o)
             xq, xc, xd = _q8c_into(o.reshape(1, H * D), xq_buf, xd_buf, xc_buf)
-            wo = (on[l * go:(l + 1) * go], os_[l * go:(l + 1) * go])
-            if kind == "r32":
-                K.matvec_q4_r32(*wo, xq, xc, xd, y, min(go, 4 * nt))
-            elif kind == "v16":
-                V.matvec_q4_v16(*wo, xq, xc, xd, y, min(go, 4 * nt))
-            elif kind == "v16_vnni":
-                V.matvec_q4_v16_vnni(*wo, xq, xc, xd, y, min(go, 4 * nt))
-            else:
-                V.matvec_q4_v16_avx2(*wo, xq, xc, xd, y, min(go, 4 * nt))
+            variants.matvec(kind, on[l * go:(l + 1) * go], os_[l * go:(l + 1) * go], xq, xc, xd, y, min(go, 4 * nt))
             for i in range(hid):
                 h[0, i] += y[i]
             # feed-forward block: norm → silu(Wgate x)·(Wup x) → Wdown, residual
             K.rmsnorm(h, ffn_norm[l], eps, x)
             xq, xc, xd = _q8c_into(x, xq_buf, xd_buf, xc_buf)
-            gu = (gn[l * gg:(l + 1) * gg], gs[l * gg:(l + 1) * gg], un[l * gg:(l + 1) * gg], us[l * gg:(l + 1) * gg])
-            if kind == "r32":
-                K.matvec_swiglu_q4_r32(*gu, xq, xc, xd, g.reshape(-1), min(gg, 4 * nt))
-            elif kind == "v16":
-                V.matvec_swiglu_q4_v16(*gu, xq, xc, xd, g.reshape(-1), min(gg, 4 * nt))
-            elif kind == "v16_vnni":
-                V.matvec_swiglu_q4_v16_vnni(*gu, xq, xc, xd, g.reshape(-1), min(gg, 4 * nt))
-            else:
-                V.matvec_swiglu_q4_v16_avx2(*gu, xq, xc, xd, g.reshape(-1), min(gg, 4 * nt))
+            variants.swiglu(kind, gn[l * gg:(l + 1) * gg], gs[l * gg:(l + 1) * gg], un[l * gg:(l + 1) * gg],
+                            us[l * gg:(l + 1) * gg], xq, xc, xd, g.reshape(-1), min(gg, 4 * nt))
             xq, xc, xd = _q8c_into(g, xq_buf, xd_buf, xc_buf)
-            wd = (dn[l * gd:(l + 1) * gd], ds[l * gd:(l + 1) * gd])
-            if kind == "r32":
-                K.matvec_q4_r32(*wd, xq, xc, xd, y, min(gd, 4 * nt))
-            elif kind == "v16":
-                V.matvec_q4_v16(*wd, xq, xc, xd, y, min(gd, 4 * nt))
-            elif kind == "v16_vnni":
-                V.matvec_q4_v16_vnni(*wd, xq, xc, xd, y, min(gd, 4 * nt))
-            else:
-                V.matvec_q4_v16_avx2(*wd, xq, xc, xd, y, min(gd, 4 * nt))
+            variants.matvec(kind, dn[l * gd:(l + 1) * gd], ds[l * gd:(l + 1) * gd], xq, xc, xd, y, min(gd, 4 * nt))
             for i in range(hid):
                 h[0, i] += y[i]
 

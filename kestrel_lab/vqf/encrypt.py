@@ -7,7 +7,7 @@ at the end and renames the output into place only if it matches: the result is b
 original plain file (flags, zero encryption fields, FNV-1a trailer). Both write a temporary file
 beside the target and rename it (``kestrel_lab.atomic``). The scheme is in ``vqf.protect``.
 
-Taught in day26_2 (encrypt, decrypt) and day26_3 (verify, the cost).
+Taught in day26_2 (encrypt, decrypt) and day26_3 (verify; what it costs is ``bench.protect``).
 """
 from __future__ import annotations
 
@@ -198,65 +198,7 @@ def decrypt_tensor(path: str | os.PathLike, name: str, key_file: str | os.PathLi
     raise KeyError(f"{path}: no tensor {name!r}")
 
 
-_LOAD_CHILD = r"""
-import json, sys, time
-from kestrel_lab.engine import Qwen3Engine
-path, key = sys.argv[1], sys.argv[2] or None
-def status():
-    out = {}
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(("RssAnon:", "RssFile:", "VmRSS:")):
-                k, v = line.split(":")
-                out[k] = int(v.split()[0]) * 1024
-    return out
-r0 = status()
-t0 = time.perf_counter()
-eng = Qwen3Engine.from_vqf(path, max_context=64, key_file=key)
-load_s = time.perf_counter() - t0
-logits = eng.prefill([1, 2, 3])
-r1 = status()
-print(json.dumps({"load_s": load_s, "anon": r1["RssAnon"] - r0["RssAnon"], "file": r1["RssFile"] - r0["RssFile"],
-                  "rss": r1["VmRSS"] - r0["VmRSS"], "argmax": int(logits.argmax()),
-                  "released": eng.bytes_released, "copied": eng.memory_report()["copied_at_load_bytes"]}))
-"""
-
-
-def _load_in_child(path: Path, key_file) -> dict:
-    import json
-    import subprocess
-    import sys
-
-    res = subprocess.run([sys.executable, "-c", _LOAD_CHILD, str(path), str(key_file or "")],
-                         capture_output=True, text=True, check=True)
-    return json.loads(res.stdout.strip().splitlines()[-1])
-
-
-def cost(plain: str | os.PathLike, key_file: str | os.PathLike, workdir: str | os.PathLike) -> dict:
-    """What protection costs, measured in one run on ``plain``: encrypt, tag check, decrypt (MB/s),
-    and the engine's load time and memory from the plain file (mmap) vs the encrypted one (decrypted
-    into anonymous memory), each in a fresh process. Writes the encrypted copy into ``workdir``.
-    Taught in day26_3."""
-    plain, workdir = Path(plain), Path(workdir)
-    enc, dec = workdir / (plain.stem + ".enc.vqf"), workdir / (plain.stem + ".dec.vqf")
-    r_enc = encrypt_file(plain, enc, key_file)
-    tag_s = verify_file(enc, key_file)
-    r_dec = decrypt_file(enc, dec, key_file)
-    identical = _files_equal(plain, dec)
-    dec.unlink()
-    _load_in_child(plain, None)                   # warm-up: numba's cache and the page cache
-    load_plain = _load_in_child(plain, None)
-    load_enc = _load_in_child(enc, key_file)
-    data = r_enc["data_bytes"]
-    return {"file_bytes": plain.stat().st_size, "data_bytes": data,
-            "encrypt_s": r_enc["seconds"], "encrypt_mb_s": data / r_enc["seconds"] / 1e6,
-            "tag_s": tag_s, "tag_mb_s": enc.stat().st_size / tag_s / 1e6,
-            "decrypt_s": r_dec["seconds"], "decrypt_mb_s": data / r_dec["seconds"] / 1e6,
-            "decrypted_identical": identical, "same_output": load_plain["argmax"] == load_enc["argmax"],
-            "load_plain": load_plain, "load_encrypted": load_enc, "encrypted_path": str(enc)}
-
-
-def _files_equal(a: Path, b: Path, chunk: int = 16 << 20) -> bool:
+def files_equal(a: Path, b: Path, chunk: int = 16 << 20) -> bool:
     if a.stat().st_size != b.stat().st_size:
         return False
     with open(a, "rb") as fa, open(b, "rb") as fb:
@@ -268,4 +210,4 @@ def _files_equal(a: Path, b: Path, chunk: int = 16 << 20) -> bool:
                 return True
 
 
-__all__ = ["encrypt_file", "decrypt_file", "verify_file", "decrypt_tensor", "is_encrypted", "cost"]
+__all__ = ["encrypt_file", "decrypt_file", "verify_file", "decrypt_tensor", "is_encrypted", "files_equal"]

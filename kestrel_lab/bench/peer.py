@@ -340,7 +340,7 @@ def run(rounds: int = 3, threads=(1, 2), config=None, root=None, log=print) -> d
     ``settings`` of both sides, the ``build``, the ``machine`` (CPU model, ISA flags, load average
     before and after) and the files. Raises ``PeerMissing`` without the peer.
     """
-    from kestrel_lab.engine.bench import prompt_ids
+    from kestrel_lab.bench.speed import prompt_ids
     from kestrel_lab.engine import Qwen3Engine
 
     info = require(root)

@@ -29,7 +29,7 @@ import numpy as np
 
 from kestrel_lab import models
 from kestrel_lab import quant as Q
-from kestrel_lab.paths import configs_dir
+from kestrel_lab.paths import child_env, configs_dir
 
 VL_CONFIG = "qwen3-vl-2b-instruct.config.json"
 GRID = (1, 30, 40)   # a 640×480 photo: smart_resize keeps it, 1,200 patches of 16×16
@@ -68,26 +68,16 @@ def engine_encode(path, threads: int, grid=GRID, repeat: int = 1) -> dict:
             "weight_qtypes": tw.weight_qtypes, "embeds": out.embeds}
 
 
-_CHILD = r"""
-import json, sys
-import numpy as np
-from kestrel_lab.engine.vision_bench import engine_encode
-r = engine_encode(sys.argv[1], int(sys.argv[2]))
-np.save(sys.argv[3], r.pop("embeds"))
-print(json.dumps(r))
-"""
-
-
 def engine_encode_fresh(path, threads: int, embeds_out: str | None = None) -> dict:
     """``engine_encode`` in a fresh process with ``threads`` BLAS and numba threads (env vars set at
     start-up, the only way to size OpenBLAS's pool without an extra package). Taught in day20_2."""
     import tempfile
 
-    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
-               MKL_NUM_THREADS=str(threads), NUMBA_NUM_THREADS=str(threads))
+    env = child_env(OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
+                    MKL_NUM_THREADS=str(threads), NUMBA_NUM_THREADS=str(threads))
     with tempfile.TemporaryDirectory(prefix="kestrel-vbench-") as tmp:
         out = embeds_out or os.path.join(tmp, "embeds.npy")
-        p = subprocess.run([sys.executable, "-c", _CHILD, str(path), str(threads), out], env=env,
+        p = subprocess.run([sys.executable, "-m", "kestrel_lab.bench.vision", str(path), str(threads), out], env=env,
                            capture_output=True, text=True)
         if p.returncode:
             raise RuntimeError(f"vision encode child ({threads} threads) failed:\n{p.stderr[-2000:]}")
@@ -214,4 +204,19 @@ def format_table(res: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["bench_vqf", "engine_encode", "engine_encode_fresh", "torch_tower", "torch_encode", "run", "format_table", "GRID"]
+__all__ = ["bench_vqf", "engine_encode", "engine_encode_fresh", "torch_tower", "torch_encode", "run", "format_table",
+           "GRID"]
+
+
+def _child(argv: list[str]) -> None:
+    """``python -m kestrel_lab.bench.vision VQF THREADS EMBEDS.npy``: one ``engine_encode`` in this fresh
+    process (``engine_encode_fresh`` sets the thread variables first); the embeddings go to the .npy
+    file, the figures to one JSON line."""
+    path, threads, out = argv
+    r = engine_encode(path, int(threads))
+    np.save(out, r.pop("embeds"))
+    print(json.dumps(r))
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1:])

@@ -1,25 +1,14 @@
-"""``kestrel-lab bench``: how fast the engine decodes and prefills, against the machine's ceiling and PyTorch.
+"""``kestrel-lab bench --config <Qwen3-MoE>``: what a token of a Qwen3-MoE model costs, and a file larger than memory.
 
-Everything is measured in one run on the same machine, because every figure only means something
-next to the others:
+- ``moe_run``: decode tok/s against the read bandwidth and the ceiling for the bytes a token reads, the
+  weight bytes per token counted by the engine (router rows and expert runs it touched) beside the
+  computed figure, a cold vs a warm first token with what the OS paged in, the distinct experts per layer
+  a 256-token prompt chooses, the resident set after the decode;
+- ``memory_limit_run``: the same file decoded in a fresh child inside a memory cgroup (unlimited, the
+  OS's read-ahead, exact expert paging), ``python -m kestrel_lab.bench.moe paging-child`` being the child;
+- ``dense_twin``: a dense model with the same layers decoded beside it.
 
-- the engine's decode tok/s (after a 64-token prompt) and prefill tok/s, at 1 thread and at all
-  threads, on a model with real shapes (default ``data/configs/qwen3-0.6b.config.json``) and
-  deterministic random weights (``kestrel_lab.models.vqf``: written straight into a VQF with the
-  writer once, cached by content under ``kestrel_lab.paths.cache_dir()``; never committed);
-- the memory read bandwidth (``roofline.memory_bandwidth``), the weight bytes one decode step reads
-  and hence the bandwidth ceiling in tok/s (``roofline.decode_ceiling``), and the engine's % of it;
-- the matvec kernels' GB/s of weights on one FFN-shaped matrix: the naive block-by-block Q4_0 loop,
-  the lane-accumulator Q4_0 and Q8_0 kernels, the Q4_8X8L kernel and the row-interleaved Q4_0
-  kernel the engine decodes with — the layout story in numbers;
-- PyTorch (``transformers``, fp32 and bf16) decode tok/s on the same weights (dequantized from the
-  file) when torch is installed; without it (a board) the bench skips them and says why;
-- numba's first compile (a fresh process with an empty ``NUMBA_CACHE_DIR``) and the cached cold
-  start (a fresh process, cache warm, file in the page cache: from process start to the first token).
-
-``--json`` prints the result as JSON. The figures of day29_1 are recorded by that notebook alone
-(``bench --record RUNNER`` runs it through ``kestrel-lab rerun``); ``engine.peer`` adds llama.cpp.
-``memory_snapshot`` reads what the kernel counts of a process's memory (smaps_rollup). Taught in day07_3, day23_1, day24_1, day24_2 and day29_1.
+Taught in day22_2 and day22_3.
 """
 from __future__ import annotations
 
@@ -28,427 +17,17 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
 
 from kestrel_lab import models
-from kestrel_lab import quant as Q
-from kestrel_lab.paths import configs_dir
+from kestrel_lab.bench.speed import DECODE_TOKENS, engine_speed, prompt_ids
+from kestrel_lab.paths import child_env
+from kestrel_lab.procfs import io_read_bytes, rss_parts, status_bytes
 
-DEFAULT_CONFIG = models.BENCH_CONFIG
-PROMPT_TOKENS = 64
-DECODE_TOKENS = 32
-
-
-# ------------------------------------------------------------------------------ measurements
-def prompt_ids(vocab: int, n: int = PROMPT_TOKENS, seed: int = 1) -> list[int]:
-    """A deterministic prompt of ``n`` random ids. Taught in day29_1."""
-    return [int(t) for t in np.random.default_rng(seed).integers(0, min(vocab, 150_000), n)]
-
-
-def engine_speed(path, threads: int, prompt_len: int = PROMPT_TOKENS, decode_tokens: int = DECODE_TOKENS,
-                 repack: bool = False, interleave: bool = True, key_file=None) -> dict:
-    """Prefill tok/s of a ``prompt_len`` prompt and decode tok/s over ``decode_tokens`` greedy steps.
-
-    A short warm-up first (it also pages the mapped weights in). ``repack``: run plain Q4_0 weights
-    from a Q4_8X8L copy; ``interleave=False``: run them in the file's layout (see ``Qwen3Engine``).
-    Taught in day23_2.
-    """
-    from kestrel_lab.engine import Qwen3Engine
-
-    t0 = time.perf_counter()
-    eng = Qwen3Engine.from_vqf(path, max_context=prompt_len + decode_tokens + 16, threads=threads, repack=repack,
-                               interleave=interleave, key_file=key_file)
-    load_s = time.perf_counter() - t0
-    ids = prompt_ids(eng.config.vocab_size, prompt_len)
-    logits = eng.prefill(ids[:8])
-    for _ in range(2):
-        logits = eng.decode(int(np.argmax(logits)))
-    eng.reset()
-    t0 = time.perf_counter()
-    logits = eng.prefill(ids)
-    prefill_s = time.perf_counter() - t0
-    steps = []
-    for _ in range(decode_tokens):
-        t0 = time.perf_counter()
-        logits = eng.decode(int(np.argmax(logits)))
-        steps.append(time.perf_counter() - t0)
-    return {"threads": threads, "prefill_tok_s": prompt_len / prefill_s, "decode_tok_s": decode_tokens / sum(steps),
-            "decode_ms_median": 1e3 * float(np.median(steps)), "load_s": load_s,
-            "repack_s": eng.repack_seconds, "weight_bytes_per_token": eng.weight_bytes_per_token,
-            "weight_qtypes": sorted(set(eng.weight_qtypes.values())), "kernels": eng.kernel_paths()}
-
-
-def memory_snapshot(pid: "int | str" = "self") -> dict:
-    """A process's memory as the kernel counts it, in bytes: the fields of ``/proc/PID/smaps_rollup``
-    plus ``RssAnon`` / ``RssFile`` / ``RssShmem`` of ``/proc/PID/status``.
-
-    ``Rss`` counts resident pages; ``Pss`` divides each page among the processes mapping it (a file
-    mapped by two processes counts half in each); ``Shared_*`` / ``Private_*`` say whether another
-    process maps the page too; ``*_Clean`` pages can be dropped and re-read from their file,
-    ``*_Dirty`` ones cannot; ``Anonymous`` is memory backed by no file (heap, copies made at load, the
-    KV cache), ``AnonHugePages`` the part of it in 2 MiB transparent huge pages. Linux only: raises
-    ``OSError`` naming the file when it cannot be read. Taught in day24_1.
-    """
-    out: dict[str, int] = {}
-    for name, wanted in (("smaps_rollup", None), ("status", ("RssAnon", "RssFile", "RssShmem"))):
-        path = Path("/proc") / str(pid) / name
-        try:
-            text = path.read_text(encoding="ascii", errors="replace")
-        except OSError as e:
-            raise OSError(f"{path}: cannot read it ({e.strerror}); memory_snapshot needs Linux ≥ 4.14") from e
-        for lineno, line in enumerate(text.splitlines(), 1):
-            parts = line.split()
-            if len(parts) < 3 or parts[-1] != "kB" or (wanted and parts[0].rstrip(":") not in wanted):
-                continue
-            try:
-                out[parts[0].rstrip(":")] = int(parts[-2]) * 1024
-            except ValueError:
-                raise ValueError(f"{path}:{lineno}: expected '<field>: <number> kB', got {line!r}") from None
-    if "Rss" not in out:
-        raise ValueError(f"/proc/{pid}/smaps_rollup: no 'Rss:' field")
-    return out
-
-
-def _random_blocks(rng, rows: int, nb: int, block_bytes: int) -> np.ndarray:
-    """Random block bytes with a sane fp16 scale (0.01) first: speed does not depend on the values."""
-    b = rng.integers(0, 256, size=(rows, nb, block_bytes), dtype=np.uint8)
-    b[..., :2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
-    return b.reshape(rows, nb * block_bytes)
-
-
-def kernel_speeds(threads: int, rows: int = 98_304, cols: int = 1024, repeat: int = 5) -> dict:
-    """GB/s of weights of each matvec kernel on one rows × cols matrix.
-
-    The default (98,304 × 1,024: 57 MB at Q4_0, 107 MB at Q8_0) is larger than the last-level cache,
-    so the figures are DRAM figures, comparable with the read bandwidth. Taught in day07_3.
-    """
-    from kestrel_lab.kernels import ops as K
-    from kestrel_lab.kernels import v16 as V
-    from kestrel_lab.kernels.registry import host_features
-    from kestrel_lab.threads import numba_threads
-
-    rng = np.random.default_rng(0)
-    nb = cols // K.QK
-    x = rng.standard_normal((1, cols), dtype=np.float32)
-    xq = np.empty((1, cols), np.int8)
-    xd = np.empty((1, nb), np.float32)
-    K.quantize_act(x, xq, xd)
-    xe = np.empty((1, nb, 5, 64), np.int16)
-    K.expand_act_8x8(xq, xe)
-    xc = np.empty((1, nb), np.int16)
-    K.act_block_sums(xq, xc)
-    q4 = _random_blocks(rng, rows, nb, 18)
-    q8 = _random_blocks(rng, rows, nb, 34)
-    q48 = np.empty(q4.size, np.uint8)
-    K.repack_q4_0_to_8x8l(q4, q48, K.n_chunks(rows // 8))
-    nib = np.empty((rows // K.QR, nb * 16 * K.QR), np.uint8)
-    sc = np.empty((rows // K.QR, nb * K.QR), np.uint16)
-    K.repack_q4_0_to_r32(q4, nib, sc, K.n_chunks(rows // K.QR))
-    nib16 = np.empty((rows // V.QV, nb * V.BLOCK_BYTES), np.uint8)
-    sc16 = np.empty((rows // V.QV, nb * V.QV), np.uint16)
-    V.repack_q4_0_to_v16(q4, nib16, sc16, K.n_chunks(rows // V.QV))
-    for a in (q4, q8, q48, nib, sc, nib16, sc16):
-        a.setflags(write=False)
-    out = np.empty(rows, np.float32)
-    lut = K.F16_TO_F32
-    res = {}
-    with numba_threads(threads):
-        nch = K.n_chunks(rows)
-        cases = {
-            "q4_0 naive (block by block)": (q4.nbytes, lambda: K.matvec_q4_0_naive(q4, xq, xd, lut, out, nch)),
-            "q4_0 lanes": (q4.nbytes, lambda: K.matvec_q4_0(q4, xq, xd, lut, out, nch)),
-            "q8_0 lanes": (q8.nbytes, lambda: K.matvec_q8_0(q8, q8.view(np.int8), xq, xd, lut, out, nch)),
-            "q4_8x8l": (q48.nbytes, lambda: K.matvec_q4_8x8l(q48, xe, xd, lut, out, K.n_chunks(rows // 8))),
-            "q4_0 r32 (32 rows interleaved)": (
-                nib.nbytes + sc.nbytes, lambda: K.matvec_q4_r32(nib, sc, xq, xc, xd, out, K.n_chunks(rows // K.QR))),
-        }
-        for isa, label, kernel in (("avx512_vnni", "vpdpbusd", V.matvec_q4_v16_vnni),
-                                   ("avx2", "vpmaddubsw", V.matvec_q4_v16_avx2)):
-            if isa in host_features():
-                cases[f"q4_0 v16 (16 rows, {label})"] = (
-                    nib16.nbytes + sc16.nbytes,
-                    lambda kernel=kernel: kernel(nib16, sc16, xq, xc, xd, out, K.n_chunks(rows // V.QV)))
-        for name, (nbytes, fn) in cases.items():
-            fn()
-            best = min(_timed(fn) for _ in range(repeat))
-            res[name] = nbytes / best / 1e9
-    return res
-
-
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
-def torch_speed(path, dtype: str, threads: int, prompt_len: int = PROMPT_TOKENS, decode_tokens: int = 16) -> dict:
-    """transformers' Qwen3ForCausalLM decode tok/s on the file's weights (dequantized), fp32 or bf16.
-
-    Taught in day29_1.
-    """
-    import torch
-    import transformers
-
-    from kestrel_lab.vqf.reader import open_vqf
-
-    torch.set_num_threads(threads)
-    f = open_vqf(path)
-    c = f.config
-    if not c.attention.qk_norm or c.attention.qkv_bias:
-        raise ValueError(f"{path}: the PyTorch comparison rebuilds a Qwen3ForCausalLM; this file is {c.arch} "
-                         f"(config.ATTENTION_TRAITS differ)")
-    tdt = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
-    hf = transformers.Qwen3Config(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
-        num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, rope_theta=c.rope_theta,
-        rms_norm_eps=c.rms_norm_eps, max_position_embeddings=c.max_position_embeddings,
-        tie_word_embeddings=c.tie_word_embeddings)
-    with torch.device("meta"):
-        model = transformers.Qwen3ForCausalLM(hf)
-    L = c.num_hidden_layers
-    per = {"q4_q": ("self_attn.q_proj", c.q_dim), "q4_k": ("self_attn.k_proj", c.kv_dim),
-           "q4_v": ("self_attn.v_proj", c.kv_dim), "q4_o": ("self_attn.o_proj", c.hidden_size),
-           "q4_gate": ("mlp.gate_proj", c.intermediate_size), "q4_up": ("mlp.up_proj", c.intermediate_size),
-           "q4_down": ("mlp.down_proj", c.hidden_size)}
-    sd = {}
-    t = lambda a: torch.from_numpy(np.array(a, dtype=np.float32)).to(tdt)  # noqa: E731
-    emb = f.tensors["token_embed"]
-    sd["model.embed_tokens.weight"] = t(emb.dequantize())
-    sd["model.norm.weight"] = t(f.tensors["final_norm"].array()[0])
-    for name, (hfname, rows) in per.items():
-        ten = f.tensors[name]
-        bpr = ten.nbytes // ten.rows
-        for layer in range(L):
-            raw = ten.data[layer * rows * bpr:(layer + 1) * rows * bpr]
-            sd[f"model.layers.{layer}.{hfname}.weight"] = t(Q.dequantize(raw, ten.qtype, rows, ten.cols))
-    for vqf_name, hfname in (("attn_norm", "input_layernorm"), ("ffn_norm", "post_attention_layernorm"),
-                             ("q_norm", "self_attn.q_norm"), ("k_norm", "self_attn.k_norm")):
-        arr = f.tensors[vqf_name].array()
-        for layer in range(L):
-            sd[f"model.layers.{layer}.{hfname}.weight"] = t(arr[layer])
-    if not c.tie_word_embeddings:
-        sd["lm_head.weight"] = t(f.tensors["q4_lm"].dequantize())
-    model.load_state_dict(sd, strict=False, assign=True)
-    if c.tie_word_embeddings:
-        model.tie_weights()
-    # Buffers made on the meta device (RoPE's inv_freq) are not in the state dict: rebuild that module.
-    model.model.rotary_emb = type(model.model.rotary_emb)(config=hf)
-    model.eval()
-    del sd
-    ids = torch.tensor([prompt_ids(c.vocab_size, prompt_len)])
-    def step(inp, cache):
-        out = model(inp, cache=cache, use_cache=True) if cache is not None else model(inp, use_cache=True)
-        return out["cache"], out["logits"][:, -1:].argmax(-1)
-
-    with torch.inference_mode(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cache, tok = step(ids, None)
-        for _ in range(2):     # warm-up steps
-            cache, tok = step(tok, cache)
-        t0 = time.perf_counter()
-        for _ in range(decode_tokens):
-            cache, tok = step(tok, cache)
-        dt = time.perf_counter() - t0
-    f.close()
-    return {"dtype": dtype, "threads": threads, "decode_tok_s": decode_tokens / dt}
-
-
-_CHILD = r"""
-import json, sys, time
-t_start = time.time()
-from kestrel_lab.engine import Qwen3Engine
-import numpy as np
-t_import = time.time()
-eng = Qwen3Engine.from_vqf(sys.argv[1], max_context=64)
-t_load = time.time()
-tok = int(np.argmax(eng.prefill(list(range(1, 9)))))
-t_first = time.time()
-eng.decode(tok)
-t_decode = time.time()
-print(json.dumps({"t_start": t_start, "t_import": t_import, "t_load": t_load, "t_first": t_first,
-                  "t_decode": t_decode}))
-"""
-
-
-def cold_start(path, numba_cache: str | None = None) -> dict:
-    """A fresh Python process: start → import → load → first token (8-token prefill) → one decode step.
-
-    Times are wall-clock (``time.time``) so the parent can include the interpreter's own start-up.
-    ``numba_cache``: a folder for ``NUMBA_CACHE_DIR`` (an empty one measures the first compile).
-    Taught in day24_2.
-    """
-    env = dict(os.environ)
-    if numba_cache is not None:
-        env["NUMBA_CACHE_DIR"] = numba_cache
-    t0 = time.time()
-    p = subprocess.run([sys.executable, "-c", _CHILD, str(path)], env=env, capture_output=True, text=True)
-    if p.returncode:
-        raise RuntimeError(f"cold-start child failed:\n{p.stderr[-2000:]}")
-    r = json.loads(p.stdout.strip().splitlines()[-1])
-    return {"to_first_token_s": r["t_first"] - t0, "interpreter_s": r["t_start"] - t0,
-            "import_s": r["t_import"] - r["t_start"], "load_s": r["t_load"] - r["t_import"],
-            "prefill_s": r["t_first"] - r["t_load"], "first_decode_s": r["t_decode"] - r["t_first"],
-            "to_first_decode_s": r["t_decode"] - t0}
-
-
-# ------------------------------------------------------------------------------ the whole run
-def run(config_path=None, quant: str = "q4_0", threads: list[int] | None = None, with_torch: bool = True,
-        decode_tokens: int = DECODE_TOKENS, log=print, key_file=None) -> dict:
-    """All the figures of one bench run, as a dict (what ``--json`` prints). ``key_file``: also run the
-    engine on an SM4-encrypted copy of the model (``vqf.encrypt``; load time includes the tag check
-    and the decryption). Taught in day29_1."""
-    from kestrel_lab.roofline import decode_ceiling, memory_bandwidth
-    from kestrel_lab.threads import resolve_threads
-
-    from kestrel_lab.vqf.layout import resolve_quant
-
-    qt = resolve_quant(quant)               # the quant name is read here, once
-    all_t = resolve_threads(None)
-    threads = sorted(set(threads or [1, all_t]))
-    t0 = time.perf_counter()
-    path = models.vqf(config=Path(config_path) if config_path else configs_dir() / DEFAULT_CONFIG, quant=qt)
-    log(f"model: {path} ({path.stat().st_size / 1e6:.1f} MB, ready in {time.perf_counter() - t0:.1f} s)")
-    res = {"vqf": str(path), "quant": qt.name.lower(), "threads": threads, "engine": {}, "bandwidth": {},
-           "ceiling_tok_s": {}, "pct_of_ceiling": {}, "kernels_gbs": {}, "torch": {}}
-    log("compile: fresh process, empty numba cache …")
-    with tempfile.TemporaryDirectory(prefix="kestrel-numba-") as tmp:
-        res["first_compile"] = cold_start(path, numba_cache=tmp)
-    res["cold_start"] = cold_start(path)
-    for t in threads:
-        log(f"engine, {t} thread(s) …")
-        e = engine_speed(path, t, decode_tokens=decode_tokens)
-        res["engine"][t] = e
-        bw = memory_bandwidth(threads=t)
-        res["bandwidth"][t] = bw["read_gbs"]
-        ceil = decode_ceiling(e["weight_bytes_per_token"], bw["read_gbs"])
-        res["ceiling_tok_s"][t] = ceil
-        res["pct_of_ceiling"][t] = 100.0 * e["decode_tok_s"] / ceil
-        res["kernels_gbs"][t] = kernel_speeds(t)
-        if qt is Q.Q4_0:
-            log(f"engine on the file's plain Q4_0 layout, {t} thread(s) …")
-            res.setdefault("engine_plain", {})[t] = engine_speed(path, t, decode_tokens=decode_tokens, interleave=False)
-            log(f"engine on a Q4_8X8L copy, {t} thread(s) …")
-            res.setdefault("engine_repacked", {})[t] = engine_speed(path, t, decode_tokens=decode_tokens, repack=True)
-    res["weight_bytes_per_token"] = res["engine"][threads[-1]]["weight_bytes_per_token"]
-    if key_file:
-        from kestrel_lab.vqf.encrypt import encrypt_file
-
-        enc = path.with_name(path.stem + ".enc.vqf")
-        log(f"encrypting the model with {key_file} → {enc} …")
-        res["encrypt"] = encrypt_file(path, enc, key_file)
-        log(f"engine on the encrypted file, {threads[-1]} thread(s) …")
-        res["engine_encrypted"] = engine_speed(enc, threads[-1], decode_tokens=decode_tokens, key_file=key_file)
-    if not with_torch:
-        res["torch"] = {"skipped": "--no-torch"}
-    else:
-        try:
-            import torch  # noqa: F401
-            import transformers  # noqa: F401
-        except ImportError as e:
-            res["torch"] = {"skipped": f"{e.name or 'torch'} is not installed (a board needs neither torch nor "
-                                       f"transformers; `make ref-env` installs them)"}
-            log(f"PyTorch: skipped, {res['torch']['skipped']}")
-        else:
-            for dt in ("fp32", "bf16"):
-                log(f"PyTorch {dt}, {threads[-1]} thread(s) …")
-                res["torch"][dt] = torch_speed(path, dt, threads[-1])["decode_tok_s"]
-    res["load_avg"] = os.getloadavg() if hasattr(os, "getloadavg") else None
-    return res
-
-
-def format_table(res: dict) -> str:
-    """The printed report: one line per figure, ratios where they say something. Taught in day29_1."""
-    lines = [f"kestrel-lab bench — {Path(res['vqf']).name} ({res['quant']}), weights read per token "
-             f"{res['weight_bytes_per_token'] / 1e6:.1f} MB"]
-    hdr = f"{'':42s}" + "".join(f"{f'{t} thread' + ('s' if t > 1 else ''):>14s}" for t in res["threads"])
-    lines.append(hdr)
-
-    def row(label, vals, fmt):
-        lines.append(f"{label:42s}" + "".join(f"{fmt.format(v):>14s}" for v in vals))
-
-    ts = res["threads"]
-    row("decode tok/s", [res["engine"][t]["decode_tok_s"] for t in ts], "{:.1f}")
-    row("prefill tok/s (64-token prompt)", [res["engine"][t]["prefill_tok_s"] for t in ts], "{:.1f}")
-    if res.get("engine_plain"):
-        pl = res["engine_plain"]
-        row("decode tok/s, file layout (16-lane kernel)", [pl[t]["decode_tok_s"] for t in ts], "{:.1f}")
-        row("prefill tok/s, file layout", [pl[t]["prefill_tok_s"] for t in ts], "{:.1f}")
-    if res.get("engine_repacked"):
-        rp = res["engine_repacked"]
-        row("decode tok/s, Q4_8X8L copy", [rp[t]["decode_tok_s"] for t in ts], "{:.1f}")
-        row("prefill tok/s, Q4_8X8L copy", [rp[t]["prefill_tok_s"] for t in ts], "{:.1f}")
-    row("memory read GB/s", [res["bandwidth"][t] for t in ts], "{:.1f}")
-    row("bandwidth ceiling tok/s", [res["ceiling_tok_s"][t] for t in ts], "{:.1f}")
-    row("decode % of ceiling", [res["pct_of_ceiling"][t] for t in ts], "{:.0f} %")
-    for k in res["kernels_gbs"][ts[0]]:
-        row(f"matvec GB/s: {k}", [res["kernels_gbs"][t][k] for t in ts], "{:.2f}")
-    e = res["engine"][ts[-1]]
-    rp = (res.get("engine_repacked") or {}).get(ts[-1])
-    lines.append(f"load {e['load_s']:.2f} s; weights {', '.join(e['weight_qtypes'])}"
-                 + (f" (split into {e['kernels'].get('q4_layout') or 'planes'} at load: {e['repack_s']:.2f} s)"
-                    if e["repack_s"] else "")
-                 + (f"; the Q4_8X8L copy costs {rp['repack_s']:.2f} s at load" if rp else ""))
-    ee = res.get("engine_encrypted")
-    if ee:
-        en = res["encrypt"]
-        lines.append(f"encrypted copy ({en['data_bytes'] / en['seconds'] / 1e6:.0f} MB/s to encrypt): load "
-                     f"{ee['load_s']:.2f} s vs {e['load_s']:.2f} s plain ({ee['load_s'] / e['load_s']:.1f}×), "
-                     f"decode {ee['decode_tok_s']:.1f} tok/s vs {e['decode_tok_s']:.1f}")
-    tr = res.get("torch") or {}
-    if "skipped" in tr:
-        lines.append(f"PyTorch: skipped, {tr['skipped']}")
-    for dt in ("fp32", "bf16"):
-        if dt in tr:
-            lines.append(f"PyTorch {dt} decode ({ts[-1]} threads): {tr[dt]:.2f} tok/s → engine is "
-                         f"{e['decode_tok_s'] / tr[dt]:.1f}× faster")
-    fc, cs = res["first_compile"], res["cold_start"]
-    lines.append(f"first compile (empty numba cache): start → first token {fc['to_first_token_s']:.1f} s, "
-                 f"→ first decode step {fc['to_first_decode_s']:.1f} s")
-    lines.append(f"cached cold start: start → first token {cs['to_first_token_s']:.2f} s (interpreter "
-                 f"{cs['interpreter_s']:.2f}, import {cs['import_s']:.2f}, load {cs['load_s']:.2f}, "
-                 f"8-token prefill {cs['prefill_s']:.2f})")
-    if res.get("load_avg"):
-        lines.append("machine load average (1/5/15 min) at the end: " + " / ".join(f"{v:.2f}" for v in res["load_avg"]))
-    return "\n".join(lines)
-
-
-# ------------------------------------------------------------------------------ Qwen3-MoE
 MOE_PROMPT_TOKENS = 256   # the prompt whose distinct experts per layer are counted
-
-
-def proc_io_read_bytes() -> int | None:
-    """``read_bytes`` of /proc/self/io: bytes this process made the kernel fetch from storage (None where
-    the file does not exist). Taught in day22_3."""
-    try:
-        with open("/proc/self/io", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("read_bytes:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def rss_parts() -> dict:
-    """This process's resident set now (/proc/self/status): total, anonymous (copies, activations, KV
-    cache) and file-backed (mapped weight pages), bytes. Taught in day22_3."""
-    out = {}
-    try:
-        with open("/proc/self/status", encoding="ascii") as fh:
-            for line in fh:
-                key = line.split(":")[0]
-                if key in ("VmRSS", "RssAnon", "RssFile"):
-                    out[key] = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return {"rss": out.get("VmRSS"), "anon": out.get("RssAnon"), "file": out.get("RssFile")}
-
 
 def decode_steps(eng, logits, n: int):
     """``n`` greedy decode steps from ``logits``: (the last logits, the seconds of each step). Taught in day22_3."""
@@ -459,7 +38,6 @@ def decode_steps(eng, logits, n: int):
         steps.append(time.perf_counter() - t1)
     return logits, steps
 
-
 def moe_counted_bytes(eng, bytes_touched: int, tokens: int) -> float:
     """Weight bytes per token by the engine's own count: every non-expert matrix whole (its
     ``weight_bytes_per_token`` less the routers and k experts it assumes) plus the router and expert runs
@@ -468,13 +46,11 @@ def moe_counted_bytes(eng, bytes_touched: int, tokens: int) -> float:
                                              for ml in eng.moe_layers.values())
     return dense + bytes_touched / tokens
 
-
 def load_avg_line(res: dict) -> list[str]:
     """The report's last line: the machine's load average at the end of the run (none where unknown)."""
     if not res.get("load_avg"):
         return []
     return ["machine load average (1/5/15 min) at the end: " + " / ".join(f"{v:.2f}" for v in res["load_avg"])]
-
 
 def moe_first_tokens(path, threads: int, prompt_len: int = 8, cold: bool = True, expert_paging: str = "os") -> dict:
     """Load the engine and produce the first token after a ``prompt_len`` prompt, then one decode step;
@@ -484,7 +60,7 @@ def moe_first_tokens(path, threads: int, prompt_len: int = 8, cold: bool = True,
     from kestrel_lab.engine import Qwen3Engine
 
     evicted = models.evict(path) if cold else False
-    res0, io0 = models.resident_bytes(path), proc_io_read_bytes()
+    res0, io0 = models.resident_bytes(path), io_read_bytes()
     t0 = time.perf_counter()
     eng = Qwen3Engine.from_vqf(path, max_context=prompt_len + 8, threads=threads, expert_paging=expert_paging)
     t1 = time.perf_counter()
@@ -492,14 +68,13 @@ def moe_first_tokens(path, threads: int, prompt_len: int = 8, cold: bool = True,
     t2 = time.perf_counter()
     eng.decode(int(np.argmax(logits)))
     t3 = time.perf_counter()
-    res1, io1 = models.resident_bytes(path), proc_io_read_bytes()
+    res1, io1 = models.resident_bytes(path), io_read_bytes()
     return {"cold": cold, "evicted": evicted, "expert_paging": expert_paging, "load_s": t1 - t0, "first_token_s": t2 - t0,
             "first_decode_s": t3 - t2,
             "paged_in_bytes": None if res0 is None or res1 is None else res1 - res0,
             "io_read_bytes": None if io0 is None or io1 is None else io1 - io0,
             "resident_after_bytes": res1, "file_bytes": os.path.getsize(path),
             "engine_bytes_touched": eng.moe_report()["bytes_touched"]}
-
 
 def moe_run(config_path, layers: int | None = None, quant: str = "q4_0", threads: list[int] | None = None,
             decode_tokens: int = DECODE_TOKENS, log=print, memory_limit=None, dense_twin_config=None,
@@ -611,21 +186,6 @@ def moe_run(config_path, layers: int | None = None, quant: str = "q4_0", threads
     res["load_avg"] = os.getloadavg() if hasattr(os, "getloadavg") else None
     return res
 
-
-# ------------------------------------------------------------------------------ MoE: a file larger than memory
-def _status_bytes(*keys: str) -> dict:
-    out = {}
-    try:
-        with open("/proc/self/status", encoding="ascii") as fh:
-            for line in fh:
-                k = line.split(":")[0]
-                if k in keys:
-                    out[k] = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return out
-
-
 def paging_decode(path, threads: int = 1, expert_paging: str = "os", decode_tokens: int = DECODE_TOKENS,
                   warmup: int = 4, prompt_len: int = 8, evict: bool = True) -> dict:
     """One process's decode on a Qwen3-MoE file from a cold page cache: drop the file's pages
@@ -638,7 +198,7 @@ def paging_decode(path, threads: int = 1, expert_paging: str = "os", decode_toke
 
     evicted = models.evict(path) if evict else False
     resident0 = models.resident_bytes(path)
-    io0 = proc_io_read_bytes()
+    io0 = io_read_bytes()
     t0 = time.perf_counter()
     eng = Qwen3Engine.from_vqf(path, max_context=prompt_len + warmup + decode_tokens + 8, threads=threads,
                                expert_paging=expert_paging)
@@ -646,12 +206,12 @@ def paging_decode(path, threads: int = 1, expert_paging: str = "os", decode_toke
     for _ in range(warmup):
         logits = eng.decode(int(np.argmax(logits)))
     warm_s = time.perf_counter() - t0
-    io1 = proc_io_read_bytes()
+    io1 = io_read_bytes()
     eng.reset_moe_counters()
     logits, steps = decode_steps(eng, logits, decode_tokens)
-    io2 = proc_io_read_bytes()
+    io2 = io_read_bytes()
     counted = moe_counted_bytes(eng, eng.moe_report()["bytes_touched"], decode_tokens)
-    st = _status_bytes("VmRSS", "VmHWM", "RssAnon", "RssFile")
+    st = status_bytes("VmRSS", "VmHWM", "RssAnon", "RssFile")
     return {"expert_paging": expert_paging, "threads": threads, "evicted": evicted,
             "resident_at_start_bytes": resident0, "resident_at_end_bytes": models.resident_bytes(path),
             "file_bytes": os.path.getsize(path),
@@ -662,20 +222,6 @@ def paging_decode(path, threads: int = 1, expert_paging: str = "os", decode_toke
             "engine_bytes_per_token": counted,
             "rss_bytes": st.get("VmRSS"), "rss_peak_bytes": st.get("VmHWM"), "rss_anon_bytes": st.get("RssAnon"),
             "rss_file_bytes": st.get("RssFile")}
-
-
-_PAGING_CHILD = ("import json, sys\n"
-                 "from kestrel_lab.engine.bench import paging_decode\n"
-                 "a = json.loads(sys.argv[1])\n"
-                 "print(json.dumps(paging_decode(**a)))\n")
-
-
-def _child_env() -> dict:
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])      # the folder holding the kestrel_lab package
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
-
 
 def memory_limit_run(path, limit=None, threads: int = 1, decode_tokens: int = DECODE_TOKENS, warmup: int = 4,
                      rounds: int = 1, timeout: float = 900, log=print, hierarchy=None,
@@ -716,16 +262,16 @@ def memory_limit_run(path, limit=None, threads: int = 1, decode_tokens: int = DE
             case_limit = res["limit_bytes"] if limited else None
             args = json.dumps({"path": str(path), "threads": threads, "expert_paging": mode,
                                "decode_tokens": decode_tokens, "warmup": warmup})
-            cmd = [sys.executable, "-c", _PAGING_CHILD, args]
+            cmd = [sys.executable, "-m", "kestrel_lab.bench.moe", "paging-child", args]
             log(f"round {r + 1}/{rounds}: {name} (limit {'none' if case_limit is None else f'{case_limit / 2**30:.2f} GiB'}, "
                 f"expert paging {mode}) …")
             if why:
                 t0 = time.perf_counter()
-                p = subprocess.run(cmd, env=_child_env(), capture_output=True, text=True, timeout=timeout)
+                p = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=timeout)
                 out = cgroup.Result(p.returncode, p.stdout, p.stderr, time.perf_counter() - t0, False, None, None,
                                     None, 0, "")
             else:
-                out = cgroup.run(cmd, case_limit, timeout=timeout, env=_child_env(), hierarchy=hierarchy)
+                out = cgroup.run(cmd, case_limit, timeout=timeout, env=child_env(), hierarchy=hierarchy)
             if out.timed_out or out.returncode != 0:
                 raise RuntimeError(f"{name}: the child {'ran past ' + str(timeout) + ' s' if out.timed_out else 'failed'} "
                                    f"(exit {out.returncode}, OOM kills {out.oom_kills}):\n{out.stderr[-2000:]}")
@@ -736,7 +282,6 @@ def memory_limit_run(path, limit=None, threads: int = 1, decode_tokens: int = DE
     res["summary"] = summarize_memory_limit(res)
     res["load_avg"] = os.getloadavg() if hasattr(os, "getloadavg") else None
     return res
-
 
 def summarize_memory_limit(res: dict) -> dict:
     """Medians over the rounds of each case, and each limited case's speed as a ratio of the unlimited
@@ -758,7 +303,6 @@ def summarize_memory_limit(res: dict) -> dict:
             out[name]["speed_vs_unlimited"] = float(np.median(ratios))
             out[name]["speed_vs_unlimited_all"] = ratios
     return out
-
 
 def format_memory_limit(res: dict, load: bool = True) -> str:
     """The printed report of ``memory_limit_run`` (``load``: end with the load-average line). Taught in day22_3."""
@@ -788,10 +332,7 @@ def format_memory_limit(res: dict, load: bool = True) -> str:
     lines += load_avg_line(res) if load else []
     return "\n".join(lines)
 
-
-# ------------------------------------------------------------------------------ MoE vs a dense twin
 DENSE_TWIN_CONFIG = models.DENSE_TWIN_CONFIG
-
 
 def dense_twin(moe_path, dense_path, threads: list[int], decode_tokens: int = DECODE_TOKENS, rounds: int = 1,
                prompt_len: int = 16, log=print) -> dict:
@@ -827,14 +368,12 @@ def dense_twin(moe_path, dense_path, threads: list[int], decode_tokens: int = DE
     out["load_avg"] = os.getloadavg() if hasattr(os, "getloadavg") else None
     return out
 
-
 def agreement(measured: float, predicted: float, tolerance: float = 0.25) -> str:
     """"agrees", "lower" or "higher": whether a measured ratio is within ``tolerance`` (relative) of the
     ratio the bytes predict. Taught in day22_2."""
     if abs(measured / predicted - 1) <= tolerance:
         return "agrees"
     return "lower" if measured < predicted else "higher"
-
 
 def format_dense_twin(res: dict, load: bool = True) -> str:
     """The printed report of ``dense_twin`` (``load``: end with the load-average line). Taught in day22_2."""
@@ -852,7 +391,6 @@ def format_dense_twin(res: dict, load: bool = True) -> str:
                                                           "higher": "DISAGREES: the MoE is faster than the bytes predict"}[verdict])
     lines += load_avg_line(res) if load else []
     return "\n".join(lines)
-
 
 def format_moe_table(res: dict) -> str:
     """The MoE bench's printed report. Taught in day22_3."""
@@ -900,3 +438,15 @@ def format_moe_table(res: dict) -> str:
         lines.append(format_dense_twin(res["dense_twin"], load=False))
     lines += load_avg_line(res)
     return "\n".join(lines)
+
+
+def _paging_child(argv: list[str]) -> None:
+    """``python -m kestrel_lab.bench.moe paging-child JSON``: ``paging_decode(**JSON)`` in this process,
+    its result printed as one JSON line (what ``memory_limit_run`` starts inside a memory cgroup)."""
+    if len(argv) != 2 or argv[0] != "paging-child":
+        raise SystemExit("usage: python -m kestrel_lab.bench.moe paging-child JSON")
+    print(json.dumps(paging_decode(**json.loads(argv[1]))))
+
+
+if __name__ == "__main__":
+    _paging_child(sys.argv[1:])
