@@ -168,9 +168,7 @@ def run(target: Target, data: bytes, path: str | Path) -> Outcome:
 
 
 def mutate_json_value(doc, path: tuple, value, delete: bool = False):
-    """A copy of JSON ``doc`` with the value at ``path`` (keys / list indexes) replaced or deleted.
-
-    Taught in day27_2."""
+    """A copy of JSON ``doc`` with the value at ``path`` (keys / list indexes) replaced or deleted."""
     doc = json.loads(json.dumps(doc))
     node = doc
     for k in path[:-1]:
@@ -183,7 +181,7 @@ def mutate_json_value(doc, path: tuple, value, delete: bool = False):
 
 
 def json_paths(doc, prefix=()) -> list[tuple]:
-    """Every path to a value in a JSON document (objects and lists walked). Taught in day27_2."""
+    """Every path to a value in a JSON document (objects and lists walked)."""
     out = []
     items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
     for k, v in items:

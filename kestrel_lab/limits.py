@@ -247,10 +247,7 @@ def check_value(name: str, value, field: str | None = None) -> None:
 
 
 def check_image_size(width: int, height: int) -> None:
-    """An image's size before its pixels are decoded: each side and the pixel count in the table.
-
-    Taught in day27_1.
-    """
+    """An image's size before its pixels are decoded: each side and the pixel count in the table."""
     BOUND["image.width"].check(width)
     BOUND["image.height"].check(height)
     BOUND["image.pixels"].check(width * height)
@@ -270,7 +267,6 @@ def spec_table(configs: dict) -> str:
     """Markdown: the bounds with why, the given configs' values beside them, then the rules.
 
     ``configs``: column title → ModelConfig (the spec page passes the configs under ``data/configs``).
-    Taught in day27_1.
     """
     titles = list(configs)
     seen = {t: _value_map(c) for t, c in configs.items()}

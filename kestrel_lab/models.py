@@ -41,6 +41,7 @@ from pathlib import Path
 from kestrel_lab import paths
 from kestrel_lab.atomic import write_json
 from kestrel_lab.config import ModelConfig
+from kestrel_lab.imports import closure, package_modules
 from kestrel_lab.quant import QType
 from kestrel_lab.vqf.layout import resolve_quant
 
@@ -70,22 +71,23 @@ QUICK_DENSE_TWIN = dict(hidden_size=320, num_attention_heads=8, num_key_value_he
                         intermediate_size=1216, vocab_size=18992, num_hidden_layers=8)
 
 _PKG = Path(__file__).resolve().parent
-#: The package sources each kind of file depends on (relative to the package folder).
-SOURCES = {
-    "vqf": ("vqf/writer.py", "vqf/planner.py", "vqf/layout.py", "vqf/format.py", "quant.py", "config.py"),
-    "random": ("vqf/synth.py",),
-    "convert": ("convert.py", "safetensors.py"),
-    "hf": ("tiny_model.py", "safetensors.py", "config.py"),
+#: The module that writes each kind of file; what it depends on is its import closure (``imports.closure``).
+WRITERS = {
+    "vqf": "kestrel_lab.vqf.writer",
+    "random": "kestrel_lab.vqf.synth",
+    "convert": "kestrel_lab.convert",
+    "hf": "kestrel_lab.tiny_model",
 }
 
 
 def sources_hash(kinds: tuple[str, ...]) -> str:
-    """SHA-256 over the package sources that write a file of these kinds (``SOURCES``). Taught in day16_1."""
+    """SHA-256 over every package source the writers of these kinds reach through their imports (``WRITERS``,
+    ``imports.closure``): a change anywhere in that code rebuilds the cached file. Taught in day16_1."""
+    modules = package_modules(_PKG.parent)
     h = hashlib.sha256()
-    for rel in sorted({r for k in kinds for r in SOURCES[k]}):
-        p = _PKG / rel
-        h.update(rel.encode() + b"\0")
-        h.update(p.read_bytes() if p.exists() else b"(missing)")
+    for name in sorted(closure({WRITERS[k] for k in kinds}, modules)):
+        h.update(name.encode() + b"\0")
+        h.update(modules[name].read_bytes())
     return h.hexdigest()
 
 
@@ -278,7 +280,7 @@ def hf_checkpoint(model: str | os.PathLike = "random", *, arch: str | None = Non
     ``config.json`` style. A name in ``TRAINED``: its folder in ``data/models`` (nothing is written).
     ``saver``: "kestrel" (the package's safetensors writer) or "transformers": the same seeded weights
     loaded by transformers and written by its own ``save_pretrained`` (needs torch and transformers:
-    the reference group), for checks against files nobody here wrote. Taught in day15_1.
+    the reference group), for checks against files nobody here wrote.
     """
     if str(model) != "random":
         if config is not None or overrides or layers is not None:

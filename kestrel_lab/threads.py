@@ -113,7 +113,7 @@ def numba_threads(threads: int | None):
 
 def threading_layer() -> str | None:
     """numba's threading layer once a parallel kernel has run (``omp``, ``tbb``, ``workqueue``), else
-    None. Taught in day10_1."""
+    None."""
     try:
         return numba.threading_layer()
     except ValueError:

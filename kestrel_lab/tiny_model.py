@@ -294,7 +294,7 @@ def _init(name: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
 
 
 def make_weights(cfg: dict, seed: int = 0) -> dict[str, np.ndarray]:
-    """All tensors of the config as float32 (before the checkpoint's dtype is applied). Taught in day15_2."""
+    """All tensors of the config as float32 (before the checkpoint's dtype is applied)."""
     return {name: _init(name, shape, seed) for name, shape in hf_tensor_shapes(cfg).items()}
 
 
@@ -347,7 +347,7 @@ def make_tiny_model(out_dir: str | os.PathLike, arch: str = "qwen3", seed: int =
 
 
 def load_overrides(text: str | None) -> dict:
-    """``--config``: a JSON object given inline or as a path to a JSON file. Taught in day15_2."""
+    """``--config``: a JSON object given inline or as a path to a JSON file."""
     if not text:
         return {}
     src = text

@@ -3,11 +3,13 @@ and a written part's notebook really imports or names that module; every ``# kes
 comment in a notebook (the book's "this cell calls …" convention) resolves to a real definition."""
 import importlib
 import re
+from functools import lru_cache
 
 import pytest
 
 from kestrel_lab import syllabus
-from kestrel_lab.book.cache import Project, imported_modules, notebook_code
+from kestrel_lab.book.cache import Project, notebook_code
+from kestrel_lab.imports import imported_modules
 from kestrel_lab.paths import REPO_ROOT
 
 PROJECT = Project(REPO_ROOT)
@@ -42,22 +44,51 @@ def _commands(module: str) -> list[str]:
     return re.findall(r"add_parser\(\s*\"([a-z-]+)\"", PROJECT.modules()[module].read_text(encoding="utf-8"))
 
 
+@lru_cache(maxsize=None)
+def _imports_of(code: str) -> frozenset[str]:
+    return frozenset(imported_modules(code, PROJECT.package) | _imported_from(code))
+
+
+@lru_cache(maxsize=None)
+def _commands_of(module: str) -> tuple[str, ...]:
+    return tuple(_commands(module))
+
+
 def _uses(code: str, module: str) -> bool:
     """The notebook imports the module (or a name from it, also re-exported), names it in full, or —
     for a command module — runs one of its commands (``kestrel-lab NAME`` or ``cli.main(["NAME"``)."""
-    if module in imported_modules(code, PROJECT.package) or module in _imported_from(code) \
-            or re.search(rf"\b{re.escape(module)}\b", code):
+    if module in _imports_of(code) or re.search(rf"\b{re.escape(module)}\b", code):
         return True
-    return any(re.search(rf"kestrel-lab {c}\b|main\(\[\s*[\"']{c}[\"']", code) for c in _commands(module))
+    return any(re.search(rf"kestrel-lab {c}\b|main\(\[\s*[\"']{c}[\"']", code) for c in _commands_of(module))
+
+
+def _owners(source: str) -> list[tuple[int, int, str]]:
+    """(first line, last line, name) of every function and class whose docstring is in ``source``: a
+    "Taught in" inside one is a claim about that object, not just its module."""
+    import ast
+
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and ast.get_docstring(node):
+            doc = node.body[0]
+            name = node.name
+            if name == "__init__":
+                continue                       # a constructor's claim is its class's: the class docstring says it
+            out.append((doc.lineno, doc.end_lineno, name))
+    return out
 
 
 def _back_references():
+    """(module, line, part id, object name or None) of every "Taught in" in the package."""
     for module, path in PROJECT.modules().items():
         source = path.read_text(encoding="utf-8")
+        owners = _owners(source)
         for m in TAUGHT.finditer(source):
             line = source.count("\n", 0, m.start()) + 1
+            inside = [o for o in owners if o[0] <= line <= o[1]]
+            obj = min(inside, key=lambda o: o[1] - o[0])[2] if inside else None
             for pid in PART_ID.findall(m.group(1)):
-                yield module, line, pid
+                yield module, line, pid, obj
 
 
 REFS = list(_back_references())
@@ -67,16 +98,87 @@ def test_there_are_back_references():
     assert len(REFS) > 200
 
 
-def test_every_taught_in_names_a_part_that_teaches_the_module():
-    wrong = []
-    for module, line, pid in REFS:
+def _definitions():
+    """Every function, class, method and module-level constant of the package: {(module, name): the names
+    its body or value refers to}. Methods are keyed by their own name; a class refers to what its methods
+    refer to; a table (``BOUNDS = (Bound(…), …)``) to what builds it."""
+    import ast
+
+    def refs(node) -> set[str]:
+        return ({n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+                | {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)})
+
+    defs: dict[tuple[str, str], set[str]] = {}
+    for module, path in PROJECT.modules().items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defs.setdefault((module, node.name), set()).update(refs(node) - {node.name})
+        for node in tree.body:
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for t in (t for t in targets if isinstance(t, ast.Name)):
+                    defs.setdefault((module, t.id), set()).update(refs(node.value) - {t.id})
+    return defs
+
+
+DEFS = _definitions()
+IMPORTS = {m: imported_modules(p.read_text(encoding="utf-8"), PROJECT.package) | {m}
+           for m, p in PROJECT.modules().items()}
+
+
+def reached(code: str) -> set[tuple[str, str]]:
+    """The package objects a notebook's code reaches: those it names in a module it uses (every object of a
+    command module whose command it runs), then everything they refer to, by name, in their own module or
+    a module it imports (a lesson that calls ``engine_speed`` teaches the ``prompt_ids`` that calls)."""
+    words = set(re.findall(r"[A-Za-z_]\w*", code))
+    used = {m for m in PROJECT.modules() if _uses(code, m)}
+    run = {m for m in used if _commands_of(m) and m not in _imports_of(code)}   # a command it runs
+    todo = [(m, n) for (m, n) in DEFS if m in used and (n in words or m in run)]
+    seen: set[tuple[str, str]] = set()
+    while todo:
+        key = todo.pop()
+        if key in seen:
+            continue
+        seen.add(key)
+        module = key[0]
+        for name in DEFS[key]:
+            todo.extend((m, name) for m in IMPORTS.get(module, ()) if (m, name) in DEFS and (m, name) not in seen)
+    return seen
+
+
+def taught_in_problems(refs, code_of) -> list[str]:
+    """Every claim of ``refs`` that is false: a part that does not exist, or a written part whose notebook
+    neither uses the module nor — for a claim made in a function's or class's docstring — reaches the
+    object (``reached``)."""
+    wrong, reach = [], {}
+    for module, line, pid, obj in refs:
         where = f"{PROJECT.modules()[module].relative_to(REPO_ROOT)}:{line}"
         if pid not in PARTS:
             wrong.append(f"{where}: {pid} is not a part of the syllabus")
-        elif PARTS[pid].written and not _uses(CODE[pid], module):
+        elif not PARTS[pid].written:
+            continue
+        elif not _uses(code_of(pid), module):
             wrong.append(f"{where}: says 'Taught in {pid}', but {PARTS[pid].notebook.name} neither imports "
                          f"nor names {module}")
+        elif obj is not None and (module, obj) not in reach.setdefault(pid, reached(code_of(pid))):
+            wrong.append(f"{where}: {obj}'s docstring says 'Taught in {pid}', but {PARTS[pid].notebook.name} "
+                         f"neither calls {obj} nor anything that does")
+    return wrong
+
+
+def test_every_taught_in_names_a_part_that_teaches_the_module_and_the_object():
+    wrong = taught_in_problems(REFS, CODE.get)
     assert not wrong, "\n".join(wrong)
+
+
+def test_a_claim_about_an_object_the_lesson_never_uses_is_caught():
+    """A function's "Taught in" is checked against the function, not only its module: a lesson that
+    imports the module but never calls the function does not teach it."""
+    module = "kestrel_lab.quant"
+    lesson = next(pid for mod, _, pid, obj in REFS if mod == module and obj is None)
+    fake = [(module, 1, lesson, "a_function_no_lesson_calls")]
+    assert taught_in_problems(fake, CODE.get) and not taught_in_problems([(module, 1, lesson, None)], CODE.get)
 
 
 def _resolve(ref: str) -> bool:

@@ -139,3 +139,16 @@ def test_random_vl_model_has_layernorm_scales_near_one_and_biases_near_zero():
             assert abs(float(x.mean())) < 0.05 and float(x.std()) < 0.3, s.name
     assert synth.is_norm_weight("v_norm1") and synth.is_norm_weight("v_ds_norm")
     assert not synth.is_norm_weight("v_norm1_b") and not synth.is_norm_weight("v_merger_norm_b")
+
+
+def test_cache_keys_follow_the_writers_imports():
+    """The key of a generated file covers every source its writer reaches (no hand-kept list): the VQF
+    writer's closure holds the checksum it appends, the synthesizer's the writer's."""
+    from kestrel_lab import imports
+    from kestrel_lab.paths import REPO_ROOT
+
+    mods = imports.package_modules(REPO_ROOT)
+    vqf = imports.closure({models.WRITERS["vqf"]}, mods)
+    assert {"kestrel_lab.vqf.checksum", "kestrel_lab.vqf.format", "kestrel_lab.quant"} <= vqf
+    assert vqf <= imports.closure({models.WRITERS["random"]}, mods)
+    assert "kestrel_lab.engine.model" not in vqf          # reading code does not key written files

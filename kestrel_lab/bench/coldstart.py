@@ -4,7 +4,7 @@ Prints one JSON line of wall-clock stamps (``time.time``, so the parent can add 
 start-up before this module ran): this module running, the engine imported, the file loaded, the first
 token after an 8-token prefill, one decode step. ``bench.speed.cold_start`` starts it (with an empty
 ``NUMBA_CACHE_DIR`` to measure the first compile). It imports nothing of the package before its first
-stamp but the two package ``__init__`` files ``-m`` must run. Taught in day24_2.
+stamp but the two package ``__init__`` files ``-m`` must run.
 """
 import json
 import sys

@@ -30,7 +30,7 @@ from kestrel_lab.procfs import io_read_bytes, rss_parts, status_bytes
 MOE_PROMPT_TOKENS = 256   # the prompt whose distinct experts per layer are counted
 
 def decode_steps(eng, logits, n: int):
-    """``n`` greedy decode steps from ``logits``: (the last logits, the seconds of each step). Taught in day22_3."""
+    """``n`` greedy decode steps from ``logits``: (the last logits, the seconds of each step)."""
     steps = []
     for _ in range(n):
         t1 = time.perf_counter()
@@ -41,7 +41,7 @@ def decode_steps(eng, logits, n: int):
 def moe_counted_bytes(eng, bytes_touched: int, tokens: int) -> float:
     """Weight bytes per token by the engine's own count: every non-expert matrix whole (its
     ``weight_bytes_per_token`` less the routers and k experts it assumes) plus the router and expert runs
-    the MoE layers report having touched over ``tokens`` tokens. Taught in day22_3."""
+    the MoE layers report having touched over ``tokens`` tokens."""
     dense = eng.weight_bytes_per_token - sum(ml.router.nbytes + ml.top_k * ml.experts.expert_bytes
                                              for ml in eng.moe_layers.values())
     return dense + bytes_touched / tokens
@@ -90,7 +90,7 @@ def moe_run(config_path, layers: int | None = None, quant: str = "q4_0", threads
     ``memory_limit`` (bytes or "1G"): first, before this process maps the file, the same file under a
     memory cgroup of that size (``memory_limit_run``, at the smallest thread count, ``rounds`` rounds;
     ``memory_limit``). ``dense_twin_config``: a dense config (e.g. ``DENSE_TWIN_CONFIG``) cut to the
-    same layers and decoded beside the MoE (``dense_twin``). Taught in day22_3.
+    same layers and decoded beside the MoE (``dense_twin``).
     """
     import shutil
 
@@ -193,7 +193,7 @@ def paging_decode(path, threads: int = 1, expert_paging: str = "os", decode_toke
     ``decode_tokens`` steps. Per decoded token: what this process made the kernel read from storage
     (``/proc/self/io`` read_bytes), and the weight bytes the engine touched (its own count: the dense
     matrices plus the router and expert runs it read). Also the resident set and its peak (VmHWM).
-    What ``memory_limit_run`` runs in a child inside a memory cgroup. Taught in day22_3."""
+    What ``memory_limit_run`` runs in a child inside a memory cgroup."""
     from kestrel_lab.engine import Qwen3Engine
 
     evicted = models.evict(path) if evict else False
@@ -393,7 +393,7 @@ def format_dense_twin(res: dict, load: bool = True) -> str:
     return "\n".join(lines)
 
 def format_moe_table(res: dict) -> str:
-    """The MoE bench's printed report. Taught in day22_3."""
+    """The MoE bench's printed report."""
     ts = res["threads"]
     cut = res["layers"] != res["layers_full"]
     lines = [f"kestrel-lab bench (MoE) — {Path(res['vqf']).name} ({res['quant']}), {res['layers']} of "

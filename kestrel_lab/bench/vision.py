@@ -178,7 +178,7 @@ def run(config_path=None, threads: list[int] | None = None, with_torch: bool = T
 
 
 def format_table(res: dict) -> str:
-    """The printed report: seconds, GFLOP/s and ratios side by side. Taught in day20_2."""
+    """The printed report: seconds, GFLOP/s and ratios side by side."""
     ts = res["threads"]
     e0 = res["engine"][ts[-1]]
     g = res["grid"]

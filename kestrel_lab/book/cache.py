@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kestrel_lab.atomic import write_json
+from kestrel_lab.imports import closure, imported_modules, package_modules
 from kestrel_lab.syllabus import NOTEBOOK_FILE
 
 MANIFEST = "kestrel-inputs.json"
@@ -35,13 +36,7 @@ class Project:
     def modules(self) -> dict[str, Path]:
         """Dotted module name -> source file, for every module of the package."""
         if not self._modules:
-            base = self.root / self.package
-            for path in sorted(base.rglob("*.py")):
-                rel = path.relative_to(self.root).with_suffix("")
-                parts = list(rel.parts)
-                if parts[-1] == "__init__":
-                    parts.pop()
-                self._modules[".".join(parts)] = path
+            self._modules = package_modules(self.root, self.package)
         return self._modules
 
     def data_entries(self) -> dict[str, list[Path]]:
@@ -64,38 +59,9 @@ class Project:
         return entries
 
 
-def imported_modules(source: str, package: str) -> set[str]:
-    """Modules of ``package`` named by the imports in ``source`` (``from pkg import mod`` included)."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return set()
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.split(".")[0] == package}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
-                and node.module.split(".")[0] == package:
-            found.add(node.module)
-            found |= {f"{node.module}.{a.name}" for a in node.names}
-    return found
-
-
 def _closure(names: set[str], project: Project) -> set[str]:
-    """The modules reached from ``names`` through the package's imports, with their parent packages."""
-    mods = project.modules()
-    todo = [n for n in names if n in mods] + [project.package]
-    seen: set[str] = set()
-    while todo:
-        name = todo.pop()
-        if name in seen or name not in mods:
-            continue
-        seen.add(name)
-        parts = name.split(".")
-        todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # importing a.b runs a/__init__
-        todo += [m for m in imported_modules(mods[name].read_text(encoding="utf-8"), project.package)
-                 if m in mods]
-    return seen
+    """The modules reached from ``names`` through the package's imports (``imports.closure``)."""
+    return closure(names, project.modules(), project.package)
 
 
 def notebook_code(path: Path) -> str:

@@ -41,7 +41,7 @@ def _parts() -> dict:
 
 
 def collect(root: Path | None = None, include_local: bool = False) -> list[dict]:
-    """Every measurements document to show (``local`` only when asked). Taught in day28_3."""
+    """Every measurements document to show (``local`` only when asked)."""
     return [d for d in measure.load_all(root)
             if include_local or d["provenance"]["runner"] != "local"]
 
@@ -196,7 +196,7 @@ def rate_plot_svg(docs: list[dict]) -> str | None:
 
 
 def render(root: Path | None = None, include_local: bool = False) -> str:
-    """The whole page as MyST Markdown. Taught in day28_3."""
+    """The whole page as MyST Markdown."""
     docs = collect(root, include_local)
     parts = _parts()
     runners = runner_order(docs)
@@ -286,7 +286,7 @@ def render(root: Path | None = None, include_local: bool = False) -> str:
 
 def write(root: Path | None = None, include_local: bool = False,
           page: Path | None = None) -> tuple[Path, bool]:
-    """Write the page if it changed; return (path, changed). Taught in day28_3."""
+    """Write the page if it changed; return (path, changed)."""
     page = page or REPO_ROOT / PAGE
     text = render(root, include_local)
     if page.exists() and page.read_text(encoding="utf-8") == text:
@@ -297,6 +297,6 @@ def write(root: Path | None = None, include_local: bool = False,
 
 
 def is_stale(root: Path | None = None, include_local: bool = False, page: Path | None = None) -> bool:
-    """True when the page differs from what ``render`` makes of the data now. Taught in day28_3."""
+    """True when the page differs from what ``render`` makes of the data now."""
     page = page or REPO_ROOT / PAGE
     return not page.exists() or page.read_text(encoding="utf-8") != render(root, include_local)

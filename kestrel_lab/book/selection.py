@@ -35,8 +35,6 @@ def parse_days(spec: str) -> list[int]:
 def parse_cpus(spec: str) -> list[int]:
     """``"4-7"`` -> [4, 5, 6, 7] (the A76 cluster of an RK3588), or a cluster name: ``big`` (the
     fastest cores), ``little``, ``all`` (``machine.resolve_cpus``); every CPU must be usable here.
-
-    Taught in day28_2.
     """
     from kestrel_lab import machine
 
@@ -47,10 +45,7 @@ def parse_cpus(spec: str) -> list[int]:
 
 
 def parse_value(text: str):
-    """A ``-p`` value as papermill would want it: true/false/none, an int, a float, else the text.
-
-    Taught in day28_2.
-    """
+    """A ``-p`` value as papermill would want it: true/false/none, an int, a float, else the text."""
     low = text.strip().lower()
     if low in ("true", "false"):
         return low == "true"
@@ -64,7 +59,7 @@ def parse_value(text: str):
 
 def parse_parameters(pairs: list[list[str]] | None) -> dict:
     """``-p KEY VALUE`` pairs -> a dict; refuses names that are not Python names, and ``runner``
-    (which ``--runner`` sets). Taught in day28_2."""
+    (which ``--runner`` sets)."""
     params = {}
     for key, value in pairs or []:
         if not key.isidentifier():

@@ -32,7 +32,8 @@ def module_map_rows(root: Path = REPO_ROOT) -> list[tuple[str, str, list[str], i
     """
     import ast
 
-    from kestrel_lab.book.cache import Project, imported_modules, notebook_code
+    from kestrel_lab.book.cache import Project, notebook_code
+    from kestrel_lab.imports import imported_modules
 
     project = Project(root)
     users: dict[str, set[str]] = {}

@@ -105,7 +105,7 @@ def _hide_injected_cell(path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The ``python -m kestrel_lab.book.worker`` entry point. Taught in day28_2."""
+    """The ``python -m kestrel_lab.book.worker`` entry point."""
     ap = argparse.ArgumentParser(description="kestrel-lab rerun's worker process (internal)")
     ap.add_argument("--worker", required=True)
     return run_worker(ap.parse_args(argv).worker)

@@ -363,7 +363,7 @@ class Qwen3Engine:
     def from_tensors(cls, config: ModelConfig, tensors: dict, **kw) -> "Qwen3Engine":
         """Build from a mapping name → tensor (``RawTensor`` or anything with qtype/rows/cols/data).
 
-        Taught in day12_2.
+        Taught in day12_1.
         """
         return cls(config, tensors, **kw)
 

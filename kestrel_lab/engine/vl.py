@@ -146,7 +146,7 @@ class VLConversation:
 
     ``ask(text, images)`` appends a user turn (its images before its text), renders the whole history,
     expands the pads, compares ``reuse_keys`` with what the cache holds, prefills only the rest (encoding
-    only new images) and generates the reply. Taught in day21_3.
+    only new images) and generates the reply.
     """
 
     engine: Qwen3VLEngine

@@ -2,7 +2,7 @@
 
 ``asm_summary`` reads a compiled kernel's assembly on this machine; ``cross_asm`` compiles a kernel for
 another CPU (the board's Cortex-A76) from numba's unoptimized IR. Tooling for the lessons and tests that
-check a kernel vectorized; the engine never imports it. Taught in day03_2, day06_1 and day07_1.
+check a kernel vectorized; the engine never imports it. Taught in day05_1, day06_1 and day07_1.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def parse_asm(asm: str, isa: str | None = None) -> dict:
     ``registers`` (count per register class, widest first: zmm/ymm/xmm on x86, v on aarch64),
     ``packed`` (packed multiply(-add) mnemonics with their counts; on aarch64 only their vector
     forms count, since ``mul``/``mla`` also exist for general registers) and the most frequent
-    mnemonics in ``top`` (every mnemonic's count is in ``ops``). Taught in day03_2 and day06_1.
+    mnemonics in ``top`` (every mnemonic's count is in ``ops``). Taught in day06_1.
     """
     from collections import Counter
 
@@ -73,7 +73,7 @@ def asm_summary(kernel, signature: int = 0) -> dict:
     Packed integer multiplies in the hot loop (``vpmullw``/``vpmaddwd`` on x86, ``sdot``/``mla`` on
     the board's A76) mean it vectorized; a wall of scalar ``vaddss``/``fadd s0`` means it did not. On
     x86 the keys ``zmm``/``ymm``/``xmm`` are kept for convenience. Call the kernel once first so that
-    it is compiled. Taught in day03_2; day06_1 reads the assembly in depth.
+    it is compiled. Taught in day05_1; day06_1 reads the assembly in depth.
     """
     if not kernel.signatures:
         raise ValueError(f"{kernel.__name__} has not been compiled yet: call it once first")

@@ -23,7 +23,7 @@ class RawTensor:
     """A tensor given as bytes (qtype, rows, cols, flat uint8): what a VQF directory entry points at.
 
     ``from_tensors`` accepts any object with these four attributes (the VQF reader's ``VQFTensor``
-    has them), so tests and notebooks can run the engine on weights built in memory. Taught in day12_2.
+    has them), so tests and notebooks can run the engine on weights built in memory. Taught in day12_1.
     """
     qtype: int
     rows: int

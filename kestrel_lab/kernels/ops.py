@@ -337,10 +337,7 @@ def matvec_q8_0(w, wi, xq, xd, lut, out, nchunk):
 
 @njit(parallel=True, fastmath=True, cache=True)
 def matmul_rows_q8_0(w, wi, xq, xd, lut, out, nchunk):
-    """out[t] = W @ x[t] for T tokens, W in Q8_0: each row stays in cache while all T tokens use it.
-
-    Taught in day23_2.
-    """
+    """out[t] = W @ x[t] for T tokens, W in Q8_0: each row stays in cache while all T tokens use it."""
     rows = w.shape[0]
     T = xq.shape[0]
     step = (rows + nchunk - 1) // nchunk
@@ -432,7 +429,7 @@ def _make_q4_0_kernels(signed: bool):
 
     @jit
     def matvec_swiglu_q4_0(wg, wu, xq, xd, lut, out, nchunk):
-        """``out = silu(Wg x) · (Wu x)`` for one token, plain Q4_0 gate and up in one pass. Taught in day08_2."""
+        """``out = silu(Wg x) · (Wu x)`` for one token, plain Q4_0 gate and up in one pass."""
         rows = out.shape[0]
         step = (rows + nchunk - 1) // nchunk
         for c in prange(nchunk):
@@ -546,10 +543,7 @@ def dequant_rows_q8_0(w, wi, lut, r0, out):
 
 @njit(cache=True)
 def dequant_rows_f16(w, lut, r0, out):
-    """Rows ``r0 … r0+n−1`` of an F16 matrix (uint16 bits) widened to float32 into ``out`` (n, K).
-
-    Taught in day19_2.
-    """
+    """Rows ``r0 … r0+n−1`` of an F16 matrix (uint16 bits) widened to float32 into ``out`` (n, K)."""
     n, K = out.shape
     for i in range(n):
         for k in range(K):
@@ -558,10 +552,7 @@ def dequant_rows_f16(w, lut, r0, out):
 
 @njit(parallel=True, fastmath=True, cache=True)
 def matmul_rows_f16(w, x, lut, out, nchunk):
-    """out[t] = W @ x[t] for T tokens, W F16 bits: a row is widened once, then used by every token.
-
-    Taught in day23_2.
-    """
+    """out[t] = W @ x[t] for T tokens, W F16 bits: a row is widened once, then used by every token."""
     rows, K = w.shape
     T = x.shape[0]
     step = (rows + nchunk - 1) // nchunk
@@ -627,7 +618,7 @@ def matvec3_q4_8x8l(wa, wb, wc, xe, xd, lut, oa, ob, oc, nchunk):
     """Three Q4_8X8L matvecs on the same activation in one parallel region (Q, K and V of a layer).
 
     Decode runs ~200 parallel regions per token; each costs a thread hand-off, so the three
-    projections that read the same normalized vector share one. Taught in day07_3.
+    projections that read the same normalized vector share one.
     """
     na, nb_, nc = oa.shape[0] // 8, ob.shape[0] // 8, oc.shape[0] // 8
     ng = na + nb_ + nc
@@ -647,7 +638,7 @@ def matvec3_q4_8x8l(wa, wb, wc, xe, xd, lut, oa, ob, oc, nchunk):
 @njit(parallel=True, fastmath=True, cache=True)
 def matvec_swiglu_q4_8x8l(wg, wu, xe, xd, lut, out, nchunk):
     """``out = silu(Wg x) · (Wu x)`` for one token, Q4_8X8L gate and up in one pass: each row group
-    computes its 8 gate and 8 up values and combines them at once. Taught in day08_2."""
+    computes its 8 gate and 8 up values and combines them at once."""
     ng = out.shape[0] // 8
     step = (ng + nchunk - 1) // nchunk
     for c in prange(nchunk):
@@ -665,7 +656,7 @@ def matvec_swiglu_q4_8x8l(wg, wu, xe, xd, lut, out, nchunk):
 @njit(parallel=True, fastmath=True, cache=True)
 def matmul_q4_8x8l(w, xe, xd, lut, out, nchunk):
     """out[t] = W @ x[t] for T tokens, W in Q4_8X8L: each 144-byte record is unpacked once (nibbles
-    into 4 int16 planes, scales into 64 lanes) and then used by all T tokens. Taught in day23_2."""
+    into 4 int16 planes, scales into 64 lanes) and then used by all T tokens."""
     rows = out.shape[1]
     T = xe.shape[0]
     nb = xd.shape[1]
@@ -774,7 +765,7 @@ def act_block_sums(xq, xc):
     get Q4_0's ``Σ (q − 8)·x = Σ q·x − 8·Σ x``: computed once per activation vector, it saves a
     subtraction per weight. |xc| ≤ 8·32·127 = 32,512 fits int16. (Widening ``xq`` to int16 here too
     would make each broadcast one instruction: faster with the weights in cache, but measured ~15 %
-    slower from DRAM on the course machine, so the kernels read the int8 values.) Taught in day05_2.
+    slower from DRAM on the course machine, so the kernels read the int8 values.)
     """
     T, K = xq.shape
     for t in range(T):
@@ -879,7 +870,7 @@ def matvec3_q4_r32(na_, sa, nb_, sb, nc_, scc, xq, xc, xd, oa, ob, oc, nchunk):
 
 @njit(parallel=True, fastmath=True, cache=True)
 def matvec_swiglu_q4_r32(ng_, sg, nu, su, xq, xc, xd, out, nchunk):
-    """``out = silu(Wg x) · (Wu x)``, split row-interleaved Q4_0 gate and up, one pass. Taught in day08_2."""
+    """``out = silu(Wg x) · (Wu x)``, split row-interleaved Q4_0 gate and up, one pass."""
     ng = ng_.shape[0]
     step = (ng + nchunk - 1) // nchunk
     for c in prange(nchunk):

@@ -89,10 +89,7 @@ def add_bias(x, b):
 
 @njit(cache=True)
 def softmax_rows(s):
-    """In place: softmax over the last axis of ``s`` (R, n), the row maximum subtracted first.
-
-    Taught in day19_2.
-    """
+    """In place: softmax over the last axis of ``s`` (R, n), the row maximum subtracted first."""
     R, n = s.shape
     for r in range(R):
         m = s[r, 0]

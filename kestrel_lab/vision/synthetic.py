@@ -186,14 +186,13 @@ def draw(seed: int) -> tuple[Image.Image, str]:
 
 def is_training_seed(seed: int) -> bool:
     """True when training may use ``seed``: below HELDOUT_SEED_START and not a held-out
-    combination. Taught in day21_3."""
+    combination."""
     seed = _check_seed(seed)
     return seed < HELDOUT_SEED_START and combo_of(seed) not in HELDOUT_COMBOS
 
 
 def train_seeds(count: int, start: int = 0) -> list[int]:
-    """The first ``count`` training seeds from ``start`` on (held-out combinations skipped).
-    Taught in day21_3."""
+    """The first ``count`` training seeds from ``start`` on (held-out combinations skipped)."""
     out, seed = [], _check_seed(start)
     while len(out) < count:
         if seed >= HELDOUT_SEED_START:

@@ -94,10 +94,7 @@ def probe_rows(good: VocabBin, broken: VocabBin, probes: list[Probe] | None = No
 
 def broken_branch_table(drop_branch: str, tokenizer_json=None, good_vocab_bin=None,
                         probes: list[Probe] | None = None) -> list[ProbeRow]:
-    """Recompile with ``drop_branch`` removed (in a temp folder) and compare it with the good file.
-
-    Taught in day18_2.
-    """
+    """Recompile with ``drop_branch`` removed (in a temp folder) and compare it with the good file."""
     from kestrel_lab.vocab.tokenizer import default_vocab_bin
 
     good = load_vocab_bin(good_vocab_bin or default_vocab_bin(tokenizer_json))

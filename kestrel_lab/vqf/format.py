@@ -503,7 +503,7 @@ def pack_entry(name: str, qtype: int, rows: int, cols: int, offset: int, nbytes:
 # ---------------------------------------------------------------------------------- the spec
 def spec_tables() -> dict[str, str]:
     """Markdown tables generated from the tables above, for book/formats/vqf.md (kept in sync by a
-    test and by ``kestrel-lab vqf spec``). Taught in day16_2."""
+    test and by ``kestrel-lab vqf spec``). Taught in day26_2."""
     def table(fields, base=0):
         rows = ["| 偏移 | 字节 | 类型 | 字段 | 含义 | 读取时的要求 |", "|---:|---:|---|---|---|---|"]
         for f in fields:

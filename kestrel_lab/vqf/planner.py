@@ -144,5 +144,5 @@ def plan_file(config: ModelConfig | str | Path | dict, quant: "str | QType | Non
 
 
 def plan_json(config, quant: str = "q4_0") -> str:
-    """``plan_file(...).to_json()`` as text. Taught in day16_3."""
+    """``plan_file(...).to_json()`` as text."""
     return json.dumps(plan_file(config, quant).to_json(), indent=1)

@@ -369,7 +369,7 @@ def _parse_directory(where: str, mm: mmap.mmap, n: int, d0: int, fl: int, bad) -
 
 
 def read_header(path: str | os.PathLike) -> dict:
-    """Just the checked header fields of a file (no directory views kept). Taught in day16_2."""
+    """Just the checked header fields of a file (no directory views kept)."""
     with open_vqf(path, verify=False) as vf:
         return dict(vf.header)
 

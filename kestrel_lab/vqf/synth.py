@@ -45,8 +45,7 @@ def small_vl_config(**text) -> ModelConfig:
 
 
 def random_rows(spec: TensorSpec, seed: int, lo: int, hi: int) -> np.ndarray:
-    """Rows [lo, hi) of the random float32 weights of ``spec`` (same numbers however they are sliced).
-    Taught in day16_1."""
+    """Rows [lo, hi) of the random float32 weights of ``spec`` (same numbers however they are sliced)."""
     rng = np.random.default_rng([seed, sum(spec.name.encode()), lo])
     if "norm" in spec.name and not spec.name.endswith("_b"):
         return (1.0 + 0.1 * rng.standard_normal((hi - lo, spec.cols))).astype(np.float32)
@@ -54,7 +53,7 @@ def random_rows(spec: TensorSpec, seed: int, lo: int, hi: int) -> np.ndarray:
 
 
 def parts(spec: TensorSpec, seed: int, rows_per_part: int = ROWS_PER_PART):
-    """The spec's quantized bytes, ``rows_per_part`` rows at a time. Taught in day16_1."""
+    """The spec's quantized bytes, ``rows_per_part`` rows at a time."""
     for lo in range(0, spec.rows, rows_per_part):
         hi = min(spec.rows, lo + rows_per_part)
         yield Q.quantize(random_rows(spec, seed, lo, hi), spec.qtype)
@@ -62,7 +61,7 @@ def parts(spec: TensorSpec, seed: int, rows_per_part: int = ROWS_PER_PART):
 
 def write_random(path: str | Path, config: ModelConfig, quant: str = "q4_0", seed: int = 0,
                  specs: list[TensorSpec] | None = None, progress: Callable | bool | None = None) -> Path:
-    """Write ``config``'s planned file with seeded random weights. Taught in day16_1."""
+    """Write ``config``'s planned file with seeded random weights."""
     fp = plan_file(config, quant, specs)
     source = {"model": f"random seed={seed}", "dtype": "f32"}
     with VQFWriter(path, fp, source=source, progress=progress, created=0) as w:

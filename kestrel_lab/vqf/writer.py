@@ -238,7 +238,7 @@ class VQFWriter:
 
 def write_vqf(path, config: ModelConfig, tensors: dict[str, np.ndarray] | Callable[[TensorSpec], np.ndarray],
               specs: list[TensorSpec], quant: "str | None" = None, **kw) -> Path:
-    """Write a whole file from a dict (or a function) giving each spec's bytes. Taught in day17_1."""
+    """Write a whole file from a dict (or a function) giving each spec's bytes."""
     get = tensors.__getitem__ if isinstance(tensors, dict) else tensors
     with VQFWriter(path, plan_file(config, quant, specs), **kw) as w:
         for s in specs:
