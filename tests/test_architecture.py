@@ -159,7 +159,7 @@ RULES = (
     ("kestrel_lab.machine", "base"), ("kestrel_lab.threads", "base"), ("kestrel_lab.cgroup", "base"),
     ("kestrel_lab.plotting", "base"), ("kestrel_lab.exercise", "base"), ("kestrel_lab.chat_blocks", "base"),
     ("kestrel_lab.cgroup_launch", "base"),
-    ("kestrel_lab.syllabus", "base"), ("kestrel_lab.measure", "base"), ("kestrel_lab.imports", "base"),
+    ("kestrel_lab.syllabus", "base"), ("kestrel_lab.measure", "base"), ("kestrel_lab.imports", "base"), ("kestrel_lab.seam", "base"),
 )
 
 

@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from kestrel_lab import seam
 from kestrel_lab.chat_blocks import qwen3_tool_calls, tojson, tool_response, tools_section
 from kestrel_lab.engine.generate import ENDOFTEXT, IM_END, STOP_IDS, TurnStats, _max_context, run_turn
 from kestrel_lab.engine.sample import Sampler, SamplingParams
@@ -198,7 +199,12 @@ def encode_messages(tokenizer, messages: Sequence[dict], *, add_generation_promp
 
     Taught in day14_1.
     """
-    text = template_for(arch)(messages, add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking)
+    mine = seam.get("chat.render")       # a student's Qwen3 template (``kestrel_lab.seam``): plain chats only
+    if mine is not None and template_for(arch) is render and enable_thinking \
+            and all(set(m) <= {"role", "content"} for m in messages):
+        text = mine(list(messages), add_generation_prompt=add_generation_prompt)
+    else:
+        text = template_for(arch)(messages, add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking)
     return list(tokenizer.encode(text, allow_special=True))
 
 

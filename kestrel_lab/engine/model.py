@@ -55,6 +55,7 @@ from kestrel_lab import limits
 from kestrel_lab import quant as Q
 from kestrel_lab.config import ATTENTION_TRAITS, ModelConfig
 from kestrel_lab.engine import moe as M
+from kestrel_lab.engine import pieces as P
 from kestrel_lab.engine.kv import ContextFullError, KVCache
 from kestrel_lab.kernels import ops as K
 from kestrel_lab.kernels import registry
@@ -146,6 +147,11 @@ class Qwen3Engine:
         self._keepalive = keepalive      # the mapped file must outlive the views
         self.threads = resolve_threads(threads)
         context = self._check(tensors, max_context)
+        # The student's pieces swapped in at construction (``kestrel_lab.seam``); none: the package's own path.
+        self.pieces = P.engine_pieces()
+        self._ops = P.PieceOps(self.pieces) if self.pieces else None
+        if any(k in self.pieces for k in P.MATVEC_PIECES):
+            interleave = repack = False            # the student's Q4_0 matvec reads the file's plain rows
         self._bind_small(tensors)
         linear_names, per_layer = self._linear_names()
         copy_as = self._plan_copies(tensors, linear_names, per_layer, context, interleave, repack, available_memory)
@@ -338,7 +344,8 @@ class Qwen3Engine:
             raise ValueError(f"{self.source}: the three expert stacks have different qtypes "
                              f"{sorted(Q.qtype(x).name for x in q)}")
         stack = M.ExpertStack(k, c, tensors["q4_gate_exps"], tensors["q4_up_exps"], tensors["q4_down_exps"])
-        return M.MoELayer(router, stack, c.num_experts_per_tok, c.norm_topk_prob, self.expert_paging)
+        return M.MoELayer(router, stack, c.num_experts_per_tok, c.norm_topk_prob, self.expert_paging,
+                          route_fn=self.pieces.get("moe.route"))
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -547,21 +554,26 @@ class Qwen3Engine:
                                  [np.asarray(d, np.float32) for d in images.deepstack])
         return positions, images
 
-    def _rope_tables(self, T: int, positions):
-        """cos/sin (T, D/2) of the next T tokens, and record where the rope position goes next."""
+    def _rope_tables(self, T: int, positions, ops=None):
+        """cos/sin (T, D/2) of the next T tokens, and record where the rope position goes next. ``ops``:
+        the student's pieces (``engine.pieces.PieceOps``), whose ``rope_tables`` then computes them."""
         c = self.config
         pos0 = self.cache.pos
         r0 = int(self._rope_next[pos0])
+        # transformers' Qwen3-VL always interleaves (it never reads ``mrope_interleaved``)
+        mrope = (c.mrope_section, c.mrope_interleaved or c.arch == "qwen3_vl")
         if positions is None:
             self._rope_next[pos0 + 1:pos0 + T + 1] = r0 + 1 + np.arange(T)
+            if ops is not None:
+                return ops.rope_tables(np.arange(r0, r0 + T), c.head_dim, c.rope_theta)
             if r0 + T <= self.max_context:
                 return self._cos[r0:r0 + T], self._sin[r0:r0 + T]
             return rope_cos_sin(np.arange(r0, r0 + T), c.head_dim, c.rope_theta)
         nxt = np.maximum.accumulate(np.concatenate([[r0], positions.max(axis=0) + 1]))
         self._rope_next[pos0 + 1:pos0 + T + 1] = nxt[1:]
-        # transformers' Qwen3-VL always interleaves (it never reads ``mrope_interleaved``)
-        return mrope_cos_sin(positions, c.head_dim, c.rope_theta, c.mrope_section,
-                             c.mrope_interleaved or c.arch == "qwen3_vl")
+        if ops is not None:
+            return ops.rope_tables(positions, c.head_dim, c.rope_theta, mrope)
+        return mrope_cos_sin(positions, c.head_dim, c.rope_theta, *mrope)
 
     def _embed(self, ids: np.ndarray) -> np.ndarray:
         if self.embed_qtype == Q.F16.id:
@@ -571,6 +583,9 @@ class Qwen3Engine:
         return np.array(self.embed[ids], dtype=np.float32)
 
     def _forward(self, ids: np.ndarray, last_only: bool, positions=None, images: ImageEmbeds | None = None) -> np.ndarray:
+        if self._ops is not None:                  # the student's pieces are in this engine (``engine.pieces``)
+            with numba_threads(self.threads):
+                return P.forward(self, self._ops, ids, last_only, positions, images)
         c = self.config
         T = ids.size
         H, KVH, D = c.num_attention_heads, c.num_key_value_heads, c.head_dim

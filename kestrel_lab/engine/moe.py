@@ -197,7 +197,8 @@ class MoELayer:
     Taught in day22_2.
     """
 
-    def __init__(self, router, experts: ExpertStack, top_k: int, norm_topk_prob: bool, paging: str = "os"):
+    def __init__(self, router, experts: ExpertStack, top_k: int, norm_topk_prob: bool, paging: str = "os",
+                 route_fn=None):
         if paging not in PAGING:
             raise ValueError(f"expert paging {paging!r}: expected one of {', '.join(PAGING)}")
         self.router, self.experts = router, experts
@@ -205,6 +206,7 @@ class MoELayer:
         if paging == "exact":
             experts.advise_random()
         self.top_k, self.norm = int(top_k), bool(norm_topk_prob)
+        self.route = route_fn or route           # a student's ``moe.route`` piece (``kestrel_lab.seam``), else ours
         self._act = experts.activation
         self.kernel = registry.select(experts.layout, "experts")
         if self.kernel is None:
@@ -224,7 +226,10 @@ class MoELayer:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         a = self._act(x)
         logits = self.router(a)
-        selected, weights = route(logits, self.top_k, self.norm)
+        selected, weights = self.route(logits, self.top_k, self.norm)
+        if self.route is not route:             # a student's piece: its results as this layer's types
+            selected = np.asarray(selected, np.int64).reshape(logits.shape[0], self.top_k)
+            weights = np.asarray(weights, np.float32).reshape(logits.shape[0], self.top_k)
         self.last = (selected, weights)
         self.last_logits = logits
         g = group(selected)

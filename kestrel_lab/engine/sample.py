@@ -24,6 +24,8 @@ from typing import Iterable
 
 import numpy as np
 
+from kestrel_lab import seam
+
 __all__ = [
     "SamplingParams", "Sampler", "softmax", "entropy", "apply_repetition_penalty", "apply_temperature",
     "top_k_filter", "top_p_filter", "min_p_filter", "greedy",
@@ -203,6 +205,8 @@ class Sampler:
             raise TypeError("Sampler: pass either a SamplingParams or keyword arguments, not both")
         self.params = params if params is not None else SamplingParams(**kwargs)
         self.rng = np.random.default_rng(self.params.seed)
+        # a student's ``sampling.draw`` piece swapped in when the sampler is made (``kestrel_lab.seam``)
+        self.draw = seam.get("sampling.draw")
 
     def reseed(self, seed: int | None = None) -> None:
         """Restart the random stream (from ``seed``, or from the params' seed)."""
@@ -240,6 +244,8 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray, history: Iterable[int] = ()) -> int:
         """Draw the next id. Greedy consumes no random numbers; sampling consumes exactly one."""
+        if self.draw is not None:
+            return self._draw_piece(logits, history)
         x = self.adjusted_logits(logits, history)
         if self.params.greedy:
             return int(np.argmax(x))
@@ -252,6 +258,16 @@ class Sampler:
         if i >= probs.size or probs[i] == 0.0:
             i = int(np.flatnonzero(probs)[-1] if i >= probs.size else np.flatnonzero(probs[i:])[0] + i)
         return i
+
+    def _draw_piece(self, logits: np.ndarray, history: Iterable[int]) -> int:
+        """The student's ``draw(logits, T, top_k, top_p, u)`` on the penalised logits (T = 0: greedy, no
+        random number used), with the same one uniform number per draw as the package's own path."""
+        p = self.params
+        if p.min_p:
+            raise ValueError("Sampler: min_p is not part of the sampling.draw piece; use the package's sampler")
+        x = apply_repetition_penalty(np.asarray(logits), history, p.repetition_penalty)
+        u = 0.0 if p.greedy else float(self.rng.random())
+        return int(self.draw(np.array(x, dtype=np.float32), 0.0 if p.greedy else p.temperature, p.top_k, p.top_p, u))
 
     def __repr__(self) -> str:
         return f"Sampler({self.params})"

@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from kestrel_lab import seam
 from kestrel_lab.engine.chat import common_prefix_len
 from kestrel_lab.engine.generate import STOP_IDS, TurnStats, _max_context, run_turn
 from kestrel_lab.engine.model import ImageEmbeds, Qwen3Engine
@@ -57,6 +58,7 @@ class Qwen3VLEngine(Qwen3Engine):
             raise ValueError(f"{self.source}: not a Qwen3-VL model (no vision config)")
         self.vision = VisionTower(config, tensors, threads=self.threads, source=self.source)
         self.image_pad_id = VP.IMAGE_PAD
+        self.positions_piece = seam.get("vision.image_positions")   # a student's piece (``kestrel_lab.seam``)
         self.features_cache: OrderedDict[str, VisionOutput] = OrderedDict()
         self.last_images: list[tuple[int, float, bool]] = []
 
@@ -79,7 +81,7 @@ class Qwen3VLEngine(Qwen3Engine):
     def positions_for(self, ids, images) -> np.ndarray:
         """MRoPE positions (3, len(ids)) of an expanded prompt from position 0 (``mrope_positions``)."""
         pos, _ = P.mrope_positions(ids, [tuple(im.grid_thw) for im in images], image_pad_id=self.image_pad_id,
-                                   merge_size=self.merge)
+                                   merge_size=self.merge, image_positions=self.positions_piece)
         return pos
 
     def prefill_vl(self, ids: Sequence[int], images: Sequence, keep: int = 0) -> np.ndarray:

@@ -42,7 +42,7 @@ def image_pad_runs(ids, image_pad_id: int) -> list[tuple[int, int]]:
 
 
 def mrope_positions(input_ids, grid_thws, *, image_pad_id: int, merge_size: int = 2,
-                    start: int = 0) -> tuple[np.ndarray, int]:
+                    start: int = 0, image_positions=None) -> tuple[np.ndarray, int]:
     """(3, seq) int64 positions (t, h, w) of a token sequence whose image pads are already expanded.
 
     ``grid_thws``: one (t, h, w) patch grid per image, in order of appearance; each image must be one
@@ -52,7 +52,9 @@ def mrope_positions(input_ids, grid_thws, *, image_pad_id: int, merge_size: int 
 
     Returns (positions, delta) with delta = max position + 1 − (start + seq): the rope position of the
     next token is ``start + seq + delta``; with ``start`` = 0 this is transformers' ``rope_deltas``, and
-    over several turns the deltas add up to the one of the whole conversation. Taught in day21_2.
+    over several turns the deltas add up to the one of the whole conversation. ``image_positions``: a
+    student's ``vision.image_positions`` piece to place each image with (``kestrel_lab.seam``).
+    Taught in day21_2.
     """
     ids = np.asarray(input_ids).reshape(-1)
     if ids.size and not np.issubdtype(ids.dtype, np.integer):
@@ -74,6 +76,12 @@ def mrope_positions(input_ids, grid_thws, *, image_pad_id: int, merge_size: int 
                              f"{a} has {b - a}")
         out[:, at:a] = np.arange(pos, pos + a - at)     # text before the image: t = h = w
         pos += a - at
+        if image_positions is not None:                  # a student's piece (``kestrel_lab.seam``)
+            img, nxt = image_positions(pos, (t, h, w), merge_size)
+            out[:, a:b] = np.asarray(img, np.int64).reshape(3, b - a)
+            pos = int(nxt)
+            at = b
+            continue
         hh, ww = h // merge_size, w // merge_size
         tt, rr, cc = np.meshgrid(np.arange(t), np.arange(hh), np.arange(ww), indexing="ij")
         out[0, a:b] = pos + tt.reshape(-1)               # time_interval 1 for images

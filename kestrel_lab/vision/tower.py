@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kestrel_lab import quant as Q
+from kestrel_lab import seam
 from kestrel_lab.config import ModelConfig
 from kestrel_lab.kernels import registry
 from kestrel_lab.kernels import vision as VK
@@ -198,6 +199,7 @@ class VisionTower:
     """
 
     def __init__(self, config: ModelConfig, tensors, *, threads: int | None = None, source: str = "<tensors>"):
+        self.merge_piece = seam.get("vision.merge")    # a student's main merger (``kestrel_lab.seam``), else ours
         if config.vision is None:
             raise ValueError(f"{source}: the config has no vision_config (not a Qwen3-VL model)")
         v = self.vc = config.vision
@@ -351,7 +353,8 @@ class VisionTower:
                 if layer in v.deepstack_visual_indexes:
                     k = v.deepstack_visual_indexes.index(layer)
                     feats.append(self.merge_tokens(x, self.ds_mergers[k], postshuffle=True))
-            embeds = self.merge_tokens(x, self.merger, postshuffle=False)
+            embeds = (self.merge_tokens(x, self.merger, postshuffle=False) if self.merge_piece is None else
+                      np.asarray(self.merge_piece(x.copy(), self.merger), dtype=np.float32))
         tokens = [image_token_count(r, self.merge) for r in g]
         return VisionOutput(embeds, feats, tokens, time.perf_counter() - t0, [tuple(int(a) for a in r) for r in g])
 

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kestrel_lab import seam
 from kestrel_lab.vqf import format as F
 from kestrel_lab.vqf.format import VQFFormatError
 
@@ -309,6 +310,7 @@ def decrypt_image(where: str, mm, h: dict, key_file=None, workers: int | None = 
     keys = derive_keys(key, prot.salt)
     d0, fl = h["data_offset"], h["file_len"]
     src = np.frombuffer(mm, dtype=np.uint8)
+    mine = seam.get("protect.sm4_ctr")      # a student's SM4-CTR (``kestrel_lab.seam``): chunk by chunk, in order
     image = mmap.mmap(-1, max(fl, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     try:
         out = np.frombuffer(image, dtype=np.uint8)[:fl]
@@ -319,7 +321,10 @@ def decrypt_image(where: str, mm, h: dict, key_file=None, workers: int | None = 
             jobs = []
             for lo in range(d0, fl, CHUNK):
                 hi = min(fl, lo + CHUNK)
-                jobs.append(pool.submit(_ctr_into, keys.enc, prot.iv, src[lo:hi], out[lo:hi], lo - d0))
+                if mine is None:
+                    jobs.append(pool.submit(_ctr_into, keys.enc, prot.iv, src[lo:hi], out[lo:hi], lo - d0))
+                else:
+                    out[lo:hi] = np.frombuffer(bytes(mine(keys.enc, prot.iv, bytes(src[lo:hi]), lo - d0)), np.uint8)
                 mac.update(src[lo:hi])
             for job in jobs:
                 job.result()
