@@ -154,7 +154,8 @@ RULES = (
     ("kestrel_lab.vqf.*", "formats"), ("kestrel_lab.config", "formats"), ("kestrel_lab.rope_scaling", "formats"),
     ("kestrel_lab.safetensors", "formats"), ("kestrel_lab.tiny_model", "formats"), ("kestrel_lab.convert", "formats"),
     ("kestrel_lab.models", "formats"),
-    ("kestrel_lab", "base"), ("kestrel_lab.paths", "base"), ("kestrel_lab.atomic", "base"), ("kestrel_lab.limits", "base"),
+    ("kestrel_lab", "base"), ("kestrel_lab.paths", "base"), ("kestrel_lab.atomic", "base"),
+    ("kestrel_lab.limits", "base"),
     ("kestrel_lab.quant", "base"), ("kestrel_lab.memory_check", "base"), ("kestrel_lab.procfs", "base"),
     ("kestrel_lab.machine", "base"), ("kestrel_lab.threads", "base"), ("kestrel_lab.cgroup", "base"),
     ("kestrel_lab.plotting", "base"), ("kestrel_lab.exercise", "base"), ("kestrel_lab.chat_blocks", "base"),
@@ -187,7 +188,8 @@ def test_every_module_has_a_floor():
 
 
 def test_the_floor_check_finds_a_planted_back_arrow():
-    graph = {"kestrel_lab.kernels.ops": {"kestrel_lab.engine.model"}, "kestrel_lab.engine.model": {"kestrel_lab.kernels.ops"}}
+    graph = {"kestrel_lab.kernels.ops": {"kestrel_lab.engine.model"},
+             "kestrel_lab.engine.model": {"kestrel_lab.kernels.ops"}}
     assert back_arrows(graph) == ["kestrel_lab.kernels.ops (kernels) -> kestrel_lab.engine.model (engine)"]
     assert floor_of("kestrel_lab.vqf.cli") == "apps" and floor_of("kestrel_lab.vqf.reader") == "formats"
 

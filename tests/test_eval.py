@@ -219,7 +219,8 @@ def test_snr_table_needs_an_f32_twin():
 # ----------------------------------------------------------------------------- data
 def test_read_fortunes_strips_colour_codes_and_separators(tmp_path):
     p = tmp_path / "poems"
-    p.write_text("\x1b[32m《静夜思》\x1b[m\n\x1b[33m作者：李白\x1b[m\n床前明月光，疑是地上霜。\n%\n\n第二首\n%\n", encoding="utf-8")
+    p.write_text("\x1b[32m《静夜思》\x1b[m\n\x1b[33m作者：李白\x1b[m\n床前明月光，疑是地上霜。\n%\n\n第二首\n%\n",
+                 encoding="utf-8")
     assert E.read_fortunes(p) == ["《静夜思》\n作者：李白\n床前明月光，疑是地上霜。\n", "第二首\n"]
     bad = tmp_path / "bad"
     bad.write_bytes("好".encode() + b"\xff\xfe")
