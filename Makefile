@@ -24,7 +24,7 @@ $(VENV)/.ref-installed: $(VENV)/.runtime-installed requirements-ref.txt
 	$(PY) -m pip install -q -r requirements-ref.txt
 	@touch $@
 
-# Test dependencies: pytest and hypothesis on top of the references.
+# Test dependencies: pytest, hypothesis and ruff on top of the references.
 $(VENV)/.dev-installed: $(VENV)/.ref-installed requirements-dev.txt requirements-test.txt
 	$(PY) -m pip install -q -r requirements-dev.txt
 	@touch $@
@@ -51,11 +51,12 @@ book: $(VENV)/.ref-installed system-deps
 	$(VENV)/bin/jupyter-book build . --builder html -W -n --keep-going
 	@echo "book: open _build/html/index.html"
 
-# Everything: unit tests, the reference comparisons, every notebook executed by the book build, and
-# the built book checked in headless Chromium. The two generated pages (module map, dashboard) must be
-# committed up to date first: the build rewrites them, and a rewritten page makes the tree dirty, so every
-# figure of that book would read <commit>+dirty.
+# Everything: the lint (ruff, configured in pyproject.toml), unit tests, the reference comparisons, every
+# notebook executed by the book build, and the built book checked in headless Chromium. The two generated
+# pages (module map, dashboard) must be committed up to date first: the build rewrites them, and a
+# rewritten page makes the tree dirty, so every figure of that book would read <commit>+dirty.
 test: $(VENV)/.dev-installed
+	$(VENV)/bin/ruff check
 	$(KL) book sources --check
 	$(KL) dashboard --check
 	$(MAKE) book

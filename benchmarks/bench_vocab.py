@@ -17,10 +17,10 @@ import unicodedata
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from kestrel_lab import machine  # noqa: E402
-from kestrel_lab.vocab.bench import (disagreement_by_language, encoder_functions, throughput,  # noqa: E402
+from kestrel_lab import machine
+from kestrel_lab.vocab.bench import (disagreement_by_language, encoder_functions, throughput,
                                      throughput_docs)
-from kestrel_lab.vocab.corpus import corpus_text, mixed_corpus  # noqa: E402
+from kestrel_lab.vocab.corpus import corpus_text, mixed_corpus
 
 
 def main(argv=None) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os as _os
 import sys as _sys
+import warnings as _warnings
 
 from kestrel_lab.paths import cache_dir as _cache_dir
 
@@ -35,6 +36,4 @@ if "NUMBA_CACHE_DIR" not in _os.environ:
 # transformers imports tqdm.auto, which in a Jupyter kernel without ipywidgets warns "IProgress not
 # found" on every page that compares with transformers; the book builds without widgets on purpose
 # (plain-text progress is fine), so that one message is not shown.
-import warnings as _warnings
-
 _warnings.filterwarnings("ignore", message="IProgress not found")

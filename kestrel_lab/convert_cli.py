@@ -2,7 +2,8 @@
 (a deterministic random HF checkpoint with a real architecture).
 
 The wing is the modules ``convert``, ``tiny_model`` and ``safetensors``, not a folder, so its commands
-live here, in ``convert_cli.py`` (see ``kestrel_lab.cli``). The lessons (day17_1, day15_2) call ``kestrel_lab.convert`` and ``kestrel_lab.tiny_model`` directly; these are their command-line faces.
+live here, in ``convert_cli.py`` (see ``kestrel_lab.cli``). The lessons (day17_1, day15_2) call
+``kestrel_lab.convert`` and ``kestrel_lab.tiny_model`` directly; these are their command-line faces.
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     conv.add_argument("--json", action="store_true", help="print the report as JSON")
     conv.set_defaults(func=_convert)
 
-    tiny = sub.add_parser("tiny-model", help="write a deterministic random HF checkpoint (Qwen3, Qwen3-MoE or Qwen3-VL)",
+    tiny = sub.add_parser("tiny-model",
+                          help="write a deterministic random HF checkpoint (Qwen3, Qwen3-MoE or Qwen3-VL)",
                           description="Real architecture and config.json, small shapes by default, random "
                                       "weights from --seed: the same arguments give the same bytes.")
     tiny.add_argument("out_dir", help="folder to write config.json and the safetensors into")

@@ -29,7 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         src = p.add_mutually_exclusive_group(required=True)
         src.add_argument("--text", help="a UTF-8 text file (fortune format: entries separated by '%%' lines)")
         src.add_argument("--fortunes", help="a fortunes-zh file by name: tang300, song100, chinese")
-        p.add_argument("--max-tokens", type=int, default=default, help=f"evaluate the first N tokens (default {default})")
+        p.add_argument("--max-tokens", type=int, default=default,
+                       help=f"evaluate the first N tokens (default {default})")
         p.add_argument("--tokenizer-json", help="tokenizer.json (default: the embedded Qwen3 tokenizer)")
         p.add_argument("--json", action="store_true", help="print the result as JSON")
     ppl.set_defaults(func=_ppl)

@@ -159,7 +159,7 @@ def run(target: Target, data: bytes, path: str | Path) -> Outcome:
         if not str(e).startswith(str(path)):
             return Outcome("unnamed", type(e).__name__, str(e))
         return Outcome("refused", type(e).__name__, str(e))
-    except Exception as e:  # noqa: BLE001 — any other class is the finding
+    except Exception as e:  # any other class is the finding
         return Outcome("crash", type(e).__name__, str(e)[:500])
     extra = extra if isinstance(extra, dict) else {}
     if extra.get("finite") is False:

@@ -184,7 +184,8 @@ def replay(engine, case: dict, golden: dict, threshold: float, index: int = 0) -
     return len(ids), out
 
 
-def check(model: str = "qwen3-tiny-poem", quants=None, *, path: Path | None = None, open_engine=None) -> list[QuantResult]:
+def check(model: str = "qwen3-tiny-poem", quants=None, *, path: Path | None = None,
+          open_engine=None) -> list[QuantResult]:
     """Replay every case of the model's golden file at each quantization; one result per quant."""
     doc = load(path or golden_path(model))
     results = []

@@ -245,7 +245,7 @@ def _versions() -> dict[str, str | None]:
     for mod in ("numpy", "numba", "llvmlite"):
         try:
             out[mod] = __import__(mod).__version__
-        except Exception:  # noqa: BLE001 - an absent library is a fact to record, not an error
+        except Exception:  # an absent library is a fact to record, not an error
             out[mod] = None
     from kestrel_lab import __version__
 
@@ -324,7 +324,7 @@ def numba_threading(probe: bool = False) -> dict:
     """
     try:
         import numba
-    except Exception:  # noqa: BLE001 - an absent library is a fact to record, not an error
+    except Exception:  # an absent library is a fact to record, not an error
         return {}
     out = {"threads": numba.config.NUMBA_NUM_THREADS, "layer": numba.config.THREADING_LAYER,
            "layer_in_use": None, "libgomp": libgomp_loadable()}
@@ -335,7 +335,7 @@ def numba_threading(probe: bool = False) -> dict:
             try:
                 _probe_parallel()
                 out["layer_in_use"] = numba.threading_layer()
-            except Exception as e:  # noqa: BLE001 - report, do not fail the fingerprint
+            except Exception as e:  # report, do not fail the fingerprint
                 out["layer_in_use"] = f"unavailable ({type(e).__name__}: {e})"
     return out
 

@@ -327,7 +327,8 @@ def load_notebook(notebook: str, root: Path | None = None) -> list[dict]:
 
 
 def runner_sort_key(doc: dict) -> tuple:
-    """The article's figures first, then the re-runs by runner name, then this build's (``local``). Taught in day28_3."""
+    """The article's figures first, then the re-runs by runner name, then this build's (``local``).
+    Taught in day28_3."""
     r = doc["provenance"]["runner"]
     return (doc["source"] != "article", r == "local", r)
 

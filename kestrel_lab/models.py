@@ -25,7 +25,8 @@ converter). A file whose stored key equals the key asked for is reused; any othe
 version number would not do: ``__version__`` is a constant, and a changed quantizer must invalidate.
 
 Architectures: ``ARCHS`` (dense ``qwen3``, ``qwen3_vl``, ``qwen3_moe``, ``qwen2``), each with a tiny default in
-``tiny_model`` (``arch="qwen3_moe"``: 8 experts, top-2, an untied head) or any config of its family. Taught in day13_1, day16_1 and day23_1.
+``tiny_model`` (``arch="qwen3_moe"``: 8 experts, top-2, an untied head) or any config of its family.
+Taught in day13_1, day16_1 and day23_1.
 """
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ from kestrel_lab.quant import QType
 from kestrel_lab.vqf.layout import resolve_quant
 
 __all__ = ["ARCHS", "TRAINED", "SCHEMA", "sources_hash", "vqf", "hf_checkpoint", "default_bench_vqf",
-           "evict", "cache_key_path", "resident_bytes", "default_moe_vqf", "QUICK_MOE", "dense_twin_vqf", "QUICK_DENSE_TWIN"]
+           "evict", "cache_key_path", "resident_bytes", "default_moe_vqf", "QUICK_MOE", "dense_twin_vqf",
+           "QUICK_DENSE_TWIN"]
 
 SCHEMA = "kestrel-lab/models/1"
 ARCHS = ("qwen3", "qwen3_vl", "qwen3_moe", "qwen2")
@@ -305,7 +307,8 @@ def hf_checkpoint(model: str | os.PathLike = "random", *, arch: str | None = Non
         raise ValueError(f"arch={arch!r} but the config is {a!r}")
     key = {"schema": SCHEMA, "kind": "hf", "model": "random", "arch": a, "config": d, "seed": seed,
            "dtype": dtype, "style": style, "saver": saver, "sources": sources_hash(("hf",))}
-    out = _cache() / f"hf-{a}-s{seed}-{_short([d, dtype, style])}{'-saved-by-transformers' if saver == 'transformers' else ''}"
+    by = "-saved-by-transformers" if saver == "transformers" else ""
+    out = _cache() / f"hf-{a}-s{seed}-{_short([d, dtype, style])}{by}"
 
     def build(p: Path) -> None:
         tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.", dir=p.parent))

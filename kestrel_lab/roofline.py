@@ -34,7 +34,7 @@ from numba import njit, prange
 from kestrel_lab.kernels import ops as _K
 from kestrel_lab.kernels import variants as _variants
 from kestrel_lab.measure import timeit
-from kestrel_lab.threads import numba_threads, resolve_threads  # noqa: F401 - lessons reach them here too
+from kestrel_lab.threads import numba_threads, resolve_threads  # noqa: F401  (lessons reach them here too)
 
 GB = 1e9
 MiB = 1 << 20
@@ -188,7 +188,6 @@ def memory_bandwidth(threads: int | None = None, size_mb: int = 256, repeat: int
         copy = timeit(lambda: _copy_chunks(dst, src, chunks), repeat=repeat, warmup=1)
         if dst[-1] != 1.0 or dst[0] != 1.0:
             raise RuntimeError("copy kernel did not copy")
-    del src, dst
     return {
         "read_gbs": nbytes / read.median / GB,
         "copy_gbs": 2 * nbytes / copy.median / GB,

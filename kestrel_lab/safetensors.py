@@ -94,14 +94,34 @@ def _not_json(token: str):
     raise _NotJson(token)
 
 
-def parse_header(head: bytes, file_size: int, where: str = "<safetensors>") -> tuple[int, dict, dict[str, TensorInfo]]:
+def parse_header(head: bytes, file_size: int,
+                 where: str = "<safetensors>") -> tuple[int, dict, dict[str, TensorInfo]]:
     """Validate the first bytes of a file; return (data_start, metadata, tensors by name).
 
     ``head`` must hold at least the 8-byte length and the JSON (more is fine). Tensors are checked
     against ``file_size``, so nothing past the header needs to be read. Taught in day15_1.
     """
+    n = _header_length(head, file_size, where)
+    doc = _header_json(bytes(head[8:8 + n]), where)
+    data_start = 8 + n
+
+    metadata = doc.pop("__metadata__", None)
+    metadata = {} if metadata is None else metadata   # absent or null; [] or "" are not a map
+    if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                 for k, v in metadata.items()):
+        raise SafetensorsError(f"{where}: field '__metadata__' must map strings to strings")
+
+    tensors = {name: _tensor_info(f"{where}: tensor {name!r}", name, e, data_start, file_size)
+               for name, e in doc.items()}
+    _check_tiling(tensors, data_start, file_size, where)
+    return data_start, metadata, tensors
+
+
+def _header_length(head: bytes, file_size: int, where: str) -> int:
+    """The header's length N from the first 8 bytes, checked against the file and against ``head``."""
     if file_size < 8 or len(head) < 8:
-        raise SafetensorsError(f"{where}: file is {file_size} bytes, too short for the 8-byte header length at byte 0")
+        raise SafetensorsError(f"{where}: file is {file_size} bytes, too short for the 8-byte header length "
+                               "at byte 0")
     n = int.from_bytes(head[:8], "little")
     if n > file_size - 8:
         raise SafetensorsError(f"{where}: header length {n} at byte 0 runs past the end of the file "
@@ -112,7 +132,12 @@ def parse_header(head: bytes, file_size: int, where: str = "<safetensors>") -> t
         raise SafetensorsError(f"{where}: header length {n} at byte 0 cannot hold a JSON object")
     if len(head) < 8 + n:
         raise SafetensorsError(f"{where}: only {len(head)} of the {8 + n} header bytes were given")
-    raw = bytes(head[8:8 + n])
+    return n
+
+
+def _header_json(raw: bytes, where: str) -> dict:
+    """The header's ``raw`` bytes (file bytes 8..8+N) as a JSON object with no duplicate keys."""
+    n = len(raw)
     if raw[:1] != b"{":
         raise SafetensorsError(f"{where}: header at byte 8 does not start with '{{' (got {raw[:1]!r})")
     try:
@@ -136,44 +161,41 @@ def parse_header(head: bytes, file_size: int, where: str = "<safetensors>") -> t
         raise SafetensorsError(f"{where}: header (bytes 8..{8 + n}) is not usable JSON: {e}") from None
     if not isinstance(doc, dict):
         raise SafetensorsError(f"{where}: header at byte 8 is not a JSON object")
-    data_start = 8 + n
-    data_size = file_size - data_start
+    return doc
 
-    metadata = doc.pop("__metadata__", None)
-    metadata = {} if metadata is None else metadata   # absent or null; [] or "" are not a map
-    if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
-        raise SafetensorsError(f"{where}: field '__metadata__' must map strings to strings")
 
-    tensors: dict[str, TensorInfo] = {}
-    for name, e in doc.items():
-        tag = f"{where}: tensor {name!r}"
-        if not isinstance(e, dict):
-            raise SafetensorsError(f"{tag}: entry is not an object")
-        for key in ("dtype", "shape", "data_offsets"):
-            if key not in e:
-                raise SafetensorsError(f"{tag}: field '{key}' is missing")
-        dtype, shape, offs = e["dtype"], e["shape"], e["data_offsets"]
-        if not isinstance(dtype, str) or dtype not in DTYPES:
-            raise SafetensorsError(f"{tag}: unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
-        if (not isinstance(shape, list) or
-                not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
-            raise SafetensorsError(f"{tag}: field 'shape' must be a list of non-negative integers, got {shape!r}")
-        if (not isinstance(offs, list) or len(offs) != 2 or
-                not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offs)):
-            raise SafetensorsError(f"{tag}: field 'data_offsets' must be [begin, end] integers, got {offs!r}")
-        begin, end = offs
-        if end < begin:
-            raise SafetensorsError(f"{tag}: data_offsets end {end} < begin {begin} (file byte {data_start + begin})")
-        if end > data_size:
-            raise SafetensorsError(f"{tag}: data ends at file byte {data_start + end}, past the end of the file "
-                                   f"({file_size} bytes)")
-        want = math.prod(shape) * DTYPES[dtype][1]
-        if want != end - begin:
-            raise SafetensorsError(f"{tag}: shape {shape} × {dtype} needs {want} bytes but data_offsets give "
-                                   f"{end - begin} (file bytes {data_start + begin}..{data_start + end})")
-        tensors[name] = TensorInfo(name, dtype, tuple(shape), begin, end, data_start + begin)
+def _tensor_info(tag: str, name: str, e, data_start: int, file_size: int) -> TensorInfo:
+    """One header entry checked: its fields, a known dtype, a shape, offsets inside the data area that
+    hold exactly ``prod(shape) × itemsize`` bytes. ``tag`` starts every message (file and tensor)."""
+    if not isinstance(e, dict):
+        raise SafetensorsError(f"{tag}: entry is not an object")
+    for key in ("dtype", "shape", "data_offsets"):
+        if key not in e:
+            raise SafetensorsError(f"{tag}: field '{key}' is missing")
+    dtype, shape, offs = e["dtype"], e["shape"], e["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise SafetensorsError(f"{tag}: unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
+    if (not isinstance(shape, list) or
+            not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+        raise SafetensorsError(f"{tag}: field 'shape' must be a list of non-negative integers, got {shape!r}")
+    if (not isinstance(offs, list) or len(offs) != 2 or
+            not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offs)):
+        raise SafetensorsError(f"{tag}: field 'data_offsets' must be [begin, end] integers, got {offs!r}")
+    begin, end = offs
+    if end < begin:
+        raise SafetensorsError(f"{tag}: data_offsets end {end} < begin {begin} (file byte {data_start + begin})")
+    if end > file_size - data_start:
+        raise SafetensorsError(f"{tag}: data ends at file byte {data_start + end}, past the end of the file "
+                               f"({file_size} bytes)")
+    want = math.prod(shape) * DTYPES[dtype][1]
+    if want != end - begin:
+        raise SafetensorsError(f"{tag}: shape {shape} × {dtype} needs {want} bytes but data_offsets give "
+                               f"{end - begin} (file bytes {data_start + begin}..{data_start + end})")
+    return TensorInfo(name, dtype, tuple(shape), begin, end, data_start + begin)
 
-    # The tensors must tile the data area: sorted by begin, each starts where the previous ended.
+
+def _check_tiling(tensors: dict[str, TensorInfo], data_start: int, file_size: int, where: str) -> None:
+    """The tensors must tile the data area: sorted by begin, each starts where the previous ended."""
     pos, prev = 0, None
     for t in sorted(tensors.values(), key=lambda t: (t.begin, t.end)):
         if t.begin < pos:
@@ -183,10 +205,9 @@ def parse_header(head: bytes, file_size: int, where: str = "<safetensors>") -> t
             raise SafetensorsError(f"{where}: gap in the data area: file bytes {data_start + pos}..{t.file_offset} "
                                    f"before tensor {t.name!r} belong to no tensor")
         pos, prev = t.end, t.name
-    if pos != data_size:
+    if pos != file_size - data_start:
         raise SafetensorsError(f"{where}: file bytes {data_start + pos}..{file_size} after the last tensor "
                                f"belong to no tensor (the data area must end with the last tensor)")
-    return data_start, metadata, tensors
 
 
 # ----------------------------------------------------------------------------- one file
@@ -318,12 +339,14 @@ class Checkpoint:
             for name, shard in weight_map.items():
                 f = self._files[shard]
                 if name not in f.tensors:
-                    raise SafetensorsError(f"{index}: weight_map puts tensor {name!r} in {shard}, which has no such tensor")
+                    raise SafetensorsError(f"{index}: weight_map puts tensor {name!r} in {shard}, "
+                                           "which has no such tensor")
                 self.file_of[name] = f
             for shard, f in self._files.items():
                 extra = [k for k in f.tensors if weight_map.get(k) != shard]
                 if extra:
-                    raise SafetensorsError(f"{f.path}: tensor {extra[0]!r} (file byte {f.tensors[extra[0]].file_offset}) "
+                    raise SafetensorsError(f"{f.path}: tensor {extra[0]!r} "
+                                           f"(file byte {f.tensors[extra[0]].file_offset}) "
                                            f"is not mapped to this shard by {INDEX_NAME}")
         elif single.exists():
             f = SafetensorsFile(single)
@@ -436,7 +459,8 @@ def _as_entry(name: str, value) -> tuple[str, np.ndarray]:
     raise SafetensorsError(f"tensor {name!r}: numpy dtype {arr.dtype} has no safetensors equivalent")
 
 
-def header_bytes(tensors: Mapping[str, tuple[str, tuple[int, ...], int]], metadata: Mapping[str, str] | None = None) -> bytes:
+def header_bytes(tensors: Mapping[str, tuple[str, tuple[int, ...], int]],
+                 metadata: Mapping[str, str] | None = None) -> bytes:
     """The 8-byte length and JSON header for tensors given as name → (dtype, shape, nbytes), laid out in
     the given order; the JSON is padded with spaces to a multiple of 8 bytes, as the safetensors package
     does, so that every tensor's data starts 8-byte aligned. Taught in day15_1."""

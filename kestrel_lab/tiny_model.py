@@ -182,7 +182,8 @@ def to_hf4_style(cfg: dict) -> dict:
         if rope is not None:
             rope = dict(rope)
             sect["rope_theta"] = rope.pop("rope_theta")
-            sect["rope_scaling"] = rope if ("mrope_section" in rope or rope.get("rope_type", "default") != "default") else None
+            scaled = "mrope_section" in rope or rope.get("rope_type", "default") != "default"
+            sect["rope_scaling"] = rope if scaled else None
     return out
 
 

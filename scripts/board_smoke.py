@@ -42,7 +42,9 @@ class Result:
     note: str = ""
 
     def tsv(self) -> str:
-        clean = lambda s: re.sub(r"[\t\r\n]+", " ", s).strip()  # noqa: E731
+        def clean(s):
+            return re.sub(r"[\t\r\n]+", " ", s).strip()
+
         return f"{clean(self.step)}\t{self.status}\t{self.seconds:.1f}\t{clean(self.note)}\n"
 
 
@@ -165,7 +167,6 @@ def _contains(*needles: str):
 def steps(out_dir: Path, test_limit: float, runner: str = "emu-a76", repo: Path = REPO) -> list[Step]:
     """The smoke run's steps inside the root, in order (each a command the operator page names)."""
     kl = str(repo / ".venv/bin/kestrel-lab")
-    py = str(repo / ".venv/bin/python")
     vocab, vqf = out_dir / "vocab.bin", out_dir / "qwen3-tiny-poem.vqf"
     cold = tempfile.mkdtemp(prefix="kestrel-cold-cache-", dir=out_dir)
     sha = expected_vocab_sha256(repo)

@@ -22,8 +22,9 @@ for arg in sys.argv[1:]:
     t0 = time.perf_counter()
     err = None
     try:
-        NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
-    except Exception as e:  # noqa: BLE001 - report and go on
+        resources = {"metadata": {"path": str(path.parent)}}
+        NotebookClient(nb, timeout=600, kernel_name="python3", resources=resources).execute()
+    except Exception as e:  # report and go on
         err = f"{type(e).__name__}: {str(e)[-1500:]}"
     secs = time.perf_counter() - t0
     pngs = sum(1 for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])

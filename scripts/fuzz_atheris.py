@@ -23,9 +23,9 @@ try:
 except ImportError:
     sys.exit("atheris is not installed: pip install atheris==3.0.0 (opt-in; the tests use Hypothesis)")
 
-from kestrel_lab import config, fuzz, limits, safetensors  # noqa: E402
-from kestrel_lab.vocab import loader  # noqa: E402
-from kestrel_lab.vqf import format as vqf_format, reader  # noqa: E402
+from kestrel_lab import config, fuzz, limits, safetensors
+from kestrel_lab.vocab import loader
+from kestrel_lab.vqf import format as vqf_format, reader
 
 # Coverage for the checking code, function by function: instrumenting whole modules would rewrite the
 # bytecode of their numba kernels too, which numba then cannot compile.

@@ -154,12 +154,14 @@ RULES = (
     ("kestrel_lab.vqf.*", "formats"), ("kestrel_lab.config", "formats"), ("kestrel_lab.rope_scaling", "formats"),
     ("kestrel_lab.safetensors", "formats"), ("kestrel_lab.tiny_model", "formats"), ("kestrel_lab.convert", "formats"),
     ("kestrel_lab.models", "formats"),
-    ("kestrel_lab", "base"), ("kestrel_lab.paths", "base"), ("kestrel_lab.atomic", "base"), ("kestrel_lab.limits", "base"),
+    ("kestrel_lab", "base"), ("kestrel_lab.paths", "base"), ("kestrel_lab.atomic", "base"),
+    ("kestrel_lab.limits", "base"),
     ("kestrel_lab.quant", "base"), ("kestrel_lab.memory_check", "base"), ("kestrel_lab.procfs", "base"),
     ("kestrel_lab.machine", "base"), ("kestrel_lab.threads", "base"), ("kestrel_lab.cgroup", "base"),
     ("kestrel_lab.plotting", "base"), ("kestrel_lab.exercise", "base"), ("kestrel_lab.chat_blocks", "base"),
     ("kestrel_lab.cgroup_launch", "base"),
-    ("kestrel_lab.syllabus", "base"), ("kestrel_lab.measure", "base"), ("kestrel_lab.imports", "base"), ("kestrel_lab.seam", "base"),
+    ("kestrel_lab.syllabus", "base"), ("kestrel_lab.measure", "base"), ("kestrel_lab.imports", "base"),
+    ("kestrel_lab.seam", "base"),
 )
 
 
@@ -187,7 +189,8 @@ def test_every_module_has_a_floor():
 
 
 def test_the_floor_check_finds_a_planted_back_arrow():
-    graph = {"kestrel_lab.kernels.ops": {"kestrel_lab.engine.model"}, "kestrel_lab.engine.model": {"kestrel_lab.kernels.ops"}}
+    graph = {"kestrel_lab.kernels.ops": {"kestrel_lab.engine.model"},
+             "kestrel_lab.engine.model": {"kestrel_lab.kernels.ops"}}
     assert back_arrows(graph) == ["kestrel_lab.kernels.ops (kernels) -> kestrel_lab.engine.model (engine)"]
     assert floor_of("kestrel_lab.vqf.cli") == "apps" and floor_of("kestrel_lab.vqf.reader") == "formats"
 
@@ -195,3 +198,57 @@ def test_the_floor_check_finds_a_planted_back_arrow():
 def test_no_import_runs_back_up_a_floor():
     arrows = back_arrows(import_graph())
     assert not arrows, "imports that run back up a floor:\n  " + "\n  ".join(arrows)
+
+
+# --------------------------------------------------------------------------- function length
+# A function that does not fit on a screen does several things; name them. The numba kernel factories
+# are the exception: a factory defines its kernels inside it (numba freezes the factory's argument in the
+# closure and compiles one variant per value), so it is as long as its kernels together.
+MAX_FUNCTION_LINES = 80
+LONG_FUNCTIONS_ALLOWED = {
+    "kestrel_lab/kernels/ops.py::_make_q4_0_kernels",   # numba kernel factory
+    "kestrel_lab/kernels/v16.py::_make_kernels",        # numba kernel factory
+    "kestrel_lab/kernels/v16.py::_make_intrinsics",     # numba kernel factory
+    "kestrel_lab/config.py::_parse",                    # being replaced by the field table (issue 26)
+}
+
+
+def long_functions(root: Path = ROOT, limit: int = MAX_FUNCTION_LINES) -> dict[str, int]:
+    """Every function or method under ``root`` longer than ``limit`` lines (``end_lineno - lineno + 1``,
+    decorators not counted), as 'path::name' (methods 'path::Class.name') -> lines."""
+    found = {}
+
+    def visit(node: ast.AST, path: str, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = child.end_lineno - child.lineno + 1
+                if lines > limit:
+                    found[f"{path}::{prefix}{child.name}"] = lines
+                visit(child, path, f"{prefix}{child.name}.")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, path, f"{prefix}{child.name}.")
+            else:
+                visit(child, path, prefix)
+
+    for file in sorted(root.rglob("*.py")):
+        rel = file.relative_to(root.parent).as_posix()
+        visit(ast.parse(file.read_text(encoding="utf-8"), str(file)), rel, "")
+    return found
+
+
+def test_the_length_check_finds_a_planted_long_function(tmp_path):
+    pkg = tmp_path / PACKAGE
+    (pkg / "sub").mkdir(parents=True)
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))   # def line + 80 = 81 lines
+    (pkg / "sub" / "m.py").write_text(f"class C:\n    def long(self):\n{body.replace('    ', '        ')}"
+                                      f"\n\ndef short():\n    return 1\n\n\ndef long():\n{body}", encoding="utf-8")
+    assert long_functions(pkg) == {f"{PACKAGE}/sub/m.py::C.long": 81, f"{PACKAGE}/sub/m.py::long": 81}
+
+
+def test_no_function_is_longer_than_80_lines():
+    found = long_functions()
+    too_long = {name: n for name, n in found.items() if name not in LONG_FUNCTIONS_ALLOWED}
+    assert not too_long, (f"functions over {MAX_FUNCTION_LINES} lines (split them into named steps):\n  "
+                          + "\n  ".join(f"{name}: {n} lines" for name, n in sorted(too_long.items())))
+    gone = sorted(LONG_FUNCTIONS_ALLOWED - set(found))
+    assert not gone, f"no longer over {MAX_FUNCTION_LINES} lines, drop them from LONG_FUNCTIONS_ALLOWED: {gone}"

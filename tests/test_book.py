@@ -137,7 +137,8 @@ document.getElementById('f').onload = function () {{ setTimeout(function () {{
   try {{
     var imgs = Array.from(document.getElementById('f').contentDocument.querySelectorAll('img'));
     out.textContent = 'IMAGES ' + JSON.stringify(imgs.map(function (i) {{
-      return [i.getAttribute('src'), i.complete, i.naturalWidth, i.naturalHeight, i.getBoundingClientRect().width]; }}));
+      return [i.getAttribute('src'), i.complete, i.naturalWidth, i.naturalHeight,
+              i.getBoundingClientRect().width]; }}));
   }} catch (e) {{ out.textContent = 'ERROR ' + e; }}
 }}, 500); }};
 </script></body></html>"""

@@ -100,8 +100,8 @@ def test_same_text_and_ids_as_transformers(name, thinking, gen):
 
 
 def test_tools_system_block():
-    tools = [{"type": "function", "function": {"name": "weather", "description": "查天气",
-                                               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    params = {"type": "object", "properties": {"city": {"type": "string"}}}
+    tools = [{"type": "function", "function": {"name": "weather", "description": "查天气", "parameters": params}}]
     _check([SYS, {"role": "user", "content": "天气"}], tools=tools)
     _check([{"role": "user", "content": "天气"}], tools=tools, thinking=False)
 

@@ -47,7 +47,8 @@ def test_bench_memory_limit_and_dense_twin_parse():
     a = _bench_args("--dense-twin", "other.config.json")
     assert a.dense_twin == "other.config.json"
     a = _bench_args()
-    assert a.memory_limit is None and a.dense_twin is None and a.rounds is None  # each bench has its own default: 3 with --peer, 1 for the MoE runs
+    # each bench has its own default rounds: 3 with --peer, 1 for the MoE runs
+    assert a.memory_limit is None and a.dense_twin is None and a.rounds is None
 
 
 @pytest.mark.parametrize("flag", [["--memory-limit", "1G"], ["--dense-twin"]])

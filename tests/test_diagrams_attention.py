@@ -3,13 +3,13 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-import pytest  # noqa: E402
+import matplotlib.pyplot as plt
+import pytest
 
-from kestrel_lab import paths, plotting  # noqa: E402
-from kestrel_lab.config import ModelConfig  # noqa: E402
-from kestrel_lab.diagrams import gqa, kv_cache  # noqa: E402
-from kestrel_lab.engine import KVCache  # noqa: E402
+from kestrel_lab import paths, plotting
+from kestrel_lab.config import ModelConfig
+from kestrel_lab.diagrams import gqa, kv_cache
+from kestrel_lab.engine import KVCache
 
 plotting.setup()
 

@@ -3,8 +3,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-from kestrel_lab.diagrams import bytes_to_unicode as d  # noqa: E402
-from kestrel_lab.vocab.bytelevel import BYTE_TO_UNICODE, decode_token_str  # noqa: E402
+from kestrel_lab.diagrams import bytes_to_unicode as d
+from kestrel_lab.vocab.bytelevel import BYTE_TO_UNICODE, decode_token_str
 
 
 def test_classes_follow_the_package_tables():

@@ -3,12 +3,12 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
 
-from kestrel_lab import plotting  # noqa: E402
-from kestrel_lab.diagrams import layouts  # noqa: E402
+from kestrel_lab import plotting
+from kestrel_lab.diagrams import layouts
 
 plotting.setup()
 

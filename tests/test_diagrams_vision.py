@@ -3,11 +3,11 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from kestrel_lab import plotting  # noqa: E402
-from kestrel_lab.diagrams import vision  # noqa: E402
-from kestrel_lab.vision import positions, prompt  # noqa: E402
+from kestrel_lab import plotting
+from kestrel_lab.diagrams import vision
+from kestrel_lab.vision import positions, prompt
 
 plotting.setup()
 

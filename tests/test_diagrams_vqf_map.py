@@ -3,10 +3,10 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-from kestrel_lab import paths  # noqa: E402
-from kestrel_lab.diagrams import vqf_map  # noqa: E402
-from kestrel_lab.vqf import format as F  # noqa: E402
-from kestrel_lab.vqf.planner import plan_file  # noqa: E402
+from kestrel_lab import paths
+from kestrel_lab.diagrams import vqf_map
+from kestrel_lab.vqf import format as F
+from kestrel_lab.vqf.planner import plan_file
 
 
 def _plan():

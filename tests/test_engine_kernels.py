@@ -195,7 +195,8 @@ def test_rmsnorm_silu_softmax():
     heads = x.reshape(4, 4, 16).copy()
     K.rmsnorm_heads(heads, w[:16], np.float32(1e-6))
     hx = x.reshape(4, 4, 16).astype(np.float64)
-    np.testing.assert_allclose(heads, hx / np.sqrt((hx ** 2).mean(-1, keepdims=True) + 1e-6) * w[:16], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(heads, hx / np.sqrt((hx ** 2).mean(-1, keepdims=True) + 1e-6) * w[:16],
+                               rtol=1e-5, atol=1e-6)
     g, u = x, x[::-1].copy()
     s = np.empty_like(g)
     K.silu_mul(g, u, s)

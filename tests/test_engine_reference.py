@@ -8,12 +8,12 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is a test dependency (requirements-dev.txt)")
 transformers = pytest.importorskip("transformers", reason="transformers is a test dependency")
 
-from kestrel_lab.convert import convert  # noqa: E402
-from kestrel_lab.engine import ContextFullError, Qwen3Engine  # noqa: E402
-from kestrel_lab.engine.reference import reference_logits
-from kestrel_lab.eval import logit_agreement  # noqa: E402
-from kestrel_lab.vqf.reader import open_vqf  # noqa: E402
-from helpers.logits import compare_steps  # noqa: E402
+from kestrel_lab.convert import convert  # noqa: E402  (after importorskip)
+from kestrel_lab.engine import ContextFullError, Qwen3Engine  # noqa: E402  (after importorskip)
+from kestrel_lab.engine.reference import reference_logits  # noqa: E402  (after importorskip)
+from kestrel_lab.eval import logit_agreement  # noqa: E402  (after importorskip)
+from kestrel_lab.vqf.reader import open_vqf  # noqa: E402  (after importorskip)
+from helpers.logits import compare_steps  # noqa: E402  (after importorskip)
 
 VOCAB = 1000
 PROMPT = [3, 141, 59, 265, 358, 979, 323, 846, 264, 338, 327, 950, 288, 419, 716, 939]

@@ -139,12 +139,6 @@ def test_kl_top1_matches_torch_kl_div_and_logit_agreement(f32_poem):
         E.kl_top1(f32_poem, f32_poem, ids)
 
 
-def test_reference_reexports_the_one_logit_agreement():
-    from kestrel_lab.engine import reference
-
-    assert reference.logit_agreement is E.logit_agreement
-
-
 def test_trace_hook_sees_what_transformers_layers_output(f32_poem, hf_poem):
     ids = _poem_tokens()[:100]
     got = E.trace_hidden(f32_poem, ids)
@@ -219,7 +213,8 @@ def test_snr_table_needs_an_f32_twin():
 # ----------------------------------------------------------------------------- data
 def test_read_fortunes_strips_colour_codes_and_separators(tmp_path):
     p = tmp_path / "poems"
-    p.write_text("\x1b[32m《静夜思》\x1b[m\n\x1b[33m作者：李白\x1b[m\n床前明月光，疑是地上霜。\n%\n\n第二首\n%\n", encoding="utf-8")
+    p.write_text("\x1b[32m《静夜思》\x1b[m\n\x1b[33m作者：李白\x1b[m\n床前明月光，疑是地上霜。\n%\n\n第二首\n%\n",
+                 encoding="utf-8")
     assert E.read_fortunes(p) == ["《静夜思》\n作者：李白\n床前明月光，疑是地上霜。\n", "第二首\n"]
     bad = tmp_path / "bad"
     bad.write_bytes("好".encode() + b"\xff\xfe")

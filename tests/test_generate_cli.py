@@ -71,7 +71,7 @@ def test_chat_reads_stdin_and_quits_on_empty_line(vqf, capsys, monkeypatch):
     assert rc == 0
     assert out.out.count("你> ") == 3 and out.out.count("助手> ") == 2
     assert "不会读到这里" not in out.out
-    lines = [l for l in out.err.splitlines() if l.startswith("[prompt")]
+    lines = [line for line in out.err.splitlines() if line.startswith("[prompt")]
     assert len(lines) == 2 and "cached" in lines[1]
 
 

@@ -100,7 +100,7 @@ def test_update_shows_the_diff_and_keeps_other_quantizations(tmp_path):
 
     assert golden.update(MODEL, ("f32", "q4_0"), path=path, open_engine=opener(5))[0].startswith("new golden file")
     lines = golden.update(MODEL, ("q4_0",), path=path, open_engine=opener(6))
-    assert len(lines) == len(prompts) and all("q4_0: ids change from step 0" in l for l in lines)
+    assert len(lines) == len(prompts) and all("q4_0: ids change from step 0" in line for line in lines)
     doc = json.loads(path.read_text(encoding="utf-8"))
     assert doc["quants"] == ["f32", "q4_0"]
     assert doc["cases"][0]["golden"]["f32"]["ids"][0] == 5 and doc["cases"][0]["golden"]["q4_0"]["ids"][0] == 6

@@ -224,9 +224,11 @@ sig = (a2(T.uint8), a2(T.uint16), a2(T.int8), a2(T.int16), a2(T.float32), a2(T.f
 f = njit(parallel=True, fastmath=True)(V.matmul_q4_v16_avx2.py_func)
 f.compile(sig)
 s = A.parse_asm(f.inspect_asm(sig), "x86_64")
-print(s["packed"].get("vpmaddubsw", 0), s["packed"].get("vpmaddwd", 0), s["registers"]["zmm"], s["packed"].get("vpdpbusd", 0))
+print(s["packed"].get("vpmaddubsw", 0), s["packed"].get("vpmaddwd", 0), s["registers"]["zmm"],
+      s["packed"].get("vpdpbusd", 0))
 '''
-AVX2_CPU = {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx2,+avx,+fma,+f16c,+bmi,+bmi2,+popcnt,+sse4.2,+lzcnt,+movbe"}
+AVX2_CPU = {"NUMBA_CPU_NAME": "haswell",
+            "NUMBA_CPU_FEATURES": "+avx2,+avx,+fma,+f16c,+bmi,+bmi2,+popcnt,+sse4.2,+lzcnt,+movbe"}
 
 
 @pytest.mark.skipif(A.host_isa() != "x86_64", reason="the AVX2 kernels are x86 code")

@@ -57,7 +57,8 @@ def test_a_big_little_machine_is_pinned_to_the_fast_cluster_on_first_use():
     out = child("""
         import os
         from kestrel_lab import machine, threads
-        machine.resolve_cpus = lambda spec=None, **kw: machine.CpuChoice((0,), "big", "Cortex-A76", default=True, multi=True)
+        big = machine.CpuChoice((0,), "big", "Cortex-A76", default=True, multi=True)
+        machine.resolve_cpus = lambda spec=None, **kw: big
         print(threads.resolve_threads(None), sorted(os.sched_getaffinity(0)))
     """)
     assert out == "1 [0]"

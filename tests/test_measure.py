@@ -108,7 +108,8 @@ def _doc(notebook, runner, figures, *, model="AMD EPYC", cores=2, params=None, c
         (rec.computed if status == ["computed"] else rec.record)(name, value, unit, f"meaning of {name}")
     doc = rec.document()
     doc["provenance"]["machine"].update(clusters=[{"model": model, "max_mhz": None, "cpus": list(range(cores))}],
-                                        cores=cores, git_commit=commit, emulated=None)  # a real machine, even under qemu
+                                        cores=cores, git_commit=commit,
+                                        emulated=None)  # a real machine, even under qemu
     return doc
 
 

@@ -43,7 +43,10 @@ def test_a_file_mapped_by_two_processes_is_shared_and_its_pss_halves(tmp_path):
     finally:
         child.stdin.close()
         child.wait()
-    shared = lambda s: s["Shared_Clean"] + s["Shared_Dirty"]      # noqa: E731 - just-written pages may be dirty
+
+    def shared(s):  # just-written pages may be dirty
+        return s["Shared_Clean"] + s["Shared_Dirty"]
+
     assert shared(both) - shared(alone) > 24 * MiB
     # the file's 32 MiB now count half; the child's Python also shares library pages with us, so the
     # drop can be a little larger than 16 MiB, never much smaller

@@ -75,10 +75,14 @@ def test_active_params_of_the_real_configs_match_transformers():
             model = cls(conf(**d))
         total = sum(p.numel() for p in model.parameters())          # a tied head is one parameter
         cfg = ModelConfig.from_hf(configs_dir() / f"{name}.config.json")
-        unused = len(cfg.moe_layers) * (cfg.num_experts - cfg.num_experts_per_tok) * 3 * cfg.hidden_size * cfg.moe_intermediate_size
+        idle_experts = cfg.num_experts - cfg.num_experts_per_tok
+        unused = len(cfg.moe_layers) * idle_experts * 3 * cfg.hidden_size * cfg.moe_intermediate_size
         assert active_params(cfg)["total"] == total - unused, name
-    assert round(active_params(ModelConfig.from_hf(configs_dir() / "qwen3-30b-a3b.config.json"))["total"] / 1e9, 2) == 3.35
-    assert round(active_params(ModelConfig.from_hf(configs_dir() / "qwen3-4b.config.json"))["total"] / 1e9, 2) == 4.02
+    def billions(name):
+        return round(active_params(ModelConfig.from_hf(configs_dir() / f"{name}.config.json"))["total"] / 1e9, 2)
+
+    assert billions("qwen3-30b-a3b") == 3.35
+    assert billions("qwen3-4b") == 4.02
 
 
 def test_dense_twin_runs_beside_the_moe(small_config, tmp_path):
@@ -103,7 +107,8 @@ def test_dense_twin_refuses_too_few_layers_and_an_moe_config(small_config, tmp_p
     dense = tmp_path / "dense.config.json"
     dense.write_text(json.dumps(tiny_model.build_config("qwen3", {"num_hidden_layers": 1})))
     with pytest.raises(ValueError, match="fewer than"):
-        moe_bench.moe_run(small_config, layers=2, threads=[1], decode_tokens=1, log=lambda *a: None, dense_twin_config=dense)
+        moe_bench.moe_run(small_config, layers=2, threads=[1], decode_tokens=1, log=lambda *a: None,
+                          dense_twin_config=dense)
     with pytest.raises(ValueError, match="needs a qwen3 config"):
         moe_bench.moe_run(small_config, layers=2, threads=[1], decode_tokens=1, log=lambda *a: None,
                       dense_twin_config=small_config)

@@ -80,10 +80,11 @@ def test_expert_runs_are_contiguous_and_in_order(hf_dir, tmp_path):
                 np.testing.assert_array_equal(rows[r0:r1].reshape(-1), want.reshape(-1), err_msg=f"{name} {i}/{e}")
         router = f["moe_router"].array()
         for k, i in enumerate(cfg.moe_layers):
-            np.testing.assert_array_equal(router[k * 8:(k + 1) * 8], np.array(ck.raw(f"model.layers.{i}.mlp.gate.weight")))
+            np.testing.assert_array_equal(router[k * 8:(k + 1) * 8],
+                                          np.array(ck.raw(f"model.layers.{i}.mlp.gate.weight")))
         dense = f["q4_gate.2"].array()
-        np.testing.assert_array_equal(dense.reshape(-1), Q.quantize(np.array(ck.raw("model.layers.2.mlp.gate_proj.weight")),
-                                                                    Q.Q4_0).reshape(-1))
+        want = Q.quantize(np.array(ck.raw("model.layers.2.mlp.gate_proj.weight")), Q.Q4_0)
+        np.testing.assert_array_equal(dense.reshape(-1), want.reshape(-1))
 
 
 def test_fused_experts_convert_to_the_same_file(hf_dir, tmp_path):

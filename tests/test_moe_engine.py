@@ -9,11 +9,11 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is a reference dependency (requirements-ref.txt)")
 transformers = pytest.importorskip("transformers", reason="transformers is a reference dependency")
 
-from kestrel_lab.convert import convert  # noqa: E402
-from kestrel_lab.engine import Qwen3Engine  # noqa: E402
-from kestrel_lab.engine import moe  # noqa: E402
-from kestrel_lab.eval import logit_agreement  # noqa: E402
-from helpers.logits import compare_steps  # noqa: E402
+from kestrel_lab.convert import convert  # noqa: E402  (after importorskip)
+from kestrel_lab.engine import Qwen3Engine  # noqa: E402  (after importorskip)
+from kestrel_lab.engine import moe  # noqa: E402  (after importorskip)
+from kestrel_lab.eval import logit_agreement  # noqa: E402  (after importorskip)
+from helpers.logits import compare_steps  # noqa: E402  (after importorskip)
 
 VOCAB = 512
 PROMPT = [3, 141, 59, 265, 358, 479, 323, 46, 264, 338, 327, 450, 288, 419, 216, 39, 77, 500, 12, 91]

@@ -1,6 +1,5 @@
 """Facts that live in one place (issue: one source of truth), checked mechanically."""
 import ast
-import json
 
 from kestrel_lab.book.cache import Project
 from kestrel_lab.paths import REPO_ROOT

@@ -7,7 +7,6 @@ need the peer (``make peers``; CI has none) skip with the reason: the GGUF llama
 read back with gguf-py (the vendored copy that wrote it), and one real interleaved round.
 """
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -150,7 +149,10 @@ def test_the_gguf_llama_cpp_writes_reads_back_with_gguf_py():
         spec.loader.exec_module(gguf)
         r = gguf.GGUFReader(str(g))
         cfg = json.loads((ckpt / "config.json").read_text())
-        field = lambda k: r.fields[k].contents()  # noqa: E731
+
+        def field(k):
+            return r.fields[k].contents()
+
         assert field("general.architecture") == "qwen3"
         assert field("qwen3.block_count") == cfg["num_hidden_layers"]
         assert field("qwen3.embedding_length") == cfg["hidden_size"]
@@ -177,7 +179,8 @@ def test_one_real_round_side_by_side():
         assert r["peer"]["median"] > 0 and r["engine"]["median"] > 0
         assert r["low"] <= r["ratio"] <= r["high"]
     lim = res["limits"][0]
-    assert lim["binding"] in ("bandwidth", "compute") and lim["ceiling_tok_s"] == min(lim["bandwidth_tok_s"], lim["compute_tok_s"])
+    assert lim["binding"] in ("bandwidth", "compute")
+    assert lim["ceiling_tok_s"] == min(lim["bandwidth_tok_s"], lim["compute_tok_s"])
     assert res["settings"]["peer"]["model_type"].endswith("Q4_0")
     assert res["build"]["sdist_sha256"] == BUILT["sdist_sha256"]
     assert "ratio" in peer.format_table(res)

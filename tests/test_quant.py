@@ -9,7 +9,7 @@ from hypothesis.extra.numpy import arrays
 from kestrel_lab import quant as Q
 
 gguf = pytest.importorskip("gguf")
-from gguf import quants as gq  # noqa: E402
+from gguf import quants as gq  # noqa: E402  (after importorskip)
 
 GQ = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}
 OURS = {"q8_0": Q.quantize_q8_0, "q4_0": Q.quantize_q4_0}
@@ -68,7 +68,8 @@ def test_dequantize_equals_gguf(fmt):
 
 # Blocks whose largest value is tiny give a subnormal fp16 scale whose reciprocal overflows to inf;
 # llama.cpp and gguf-py do the same (``id = d ? 1/d : 0``), so the bytes still agree; numpy warns.
-@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning", "ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning",
+                            "ignore:invalid value encountered:RuntimeWarning")
 @settings(max_examples=60, deadline=None, derandomize=True, database=None)
 @given(arrays(np.float32, st.tuples(st.integers(1, 3), st.sampled_from([32, 64, 96])),
               elements=st.floats(-1e4, 1e4, width=32, allow_subnormal=False)),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,15 +16,16 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is a reference dependency (requirements-ref.txt)")
 transformers = pytest.importorskip("transformers", reason="transformers is a reference dependency")
 
-from kestrel_lab.config import ARCHS, ATTENTION_TRAITS, ConfigError, ModelConfig  # noqa: E402
-from kestrel_lab.convert import convert  # noqa: E402
-from kestrel_lab.engine import Qwen3Engine, RawTensor  # noqa: E402
-from kestrel_lab.engine.chat import QWEN2_DEFAULT_SYSTEM, render, render_qwen2, template_for  # noqa: E402
-from kestrel_lab.engine.reference import reference_logits  # noqa: E402
-from kestrel_lab.paths import configs_dir  # noqa: E402
-from kestrel_lab.vqf.layout import plan  # noqa: E402
-from kestrel_lab.vqf.reader import open_vqf  # noqa: E402
-from helpers.logits import compare_steps  # noqa: E402
+from kestrel_lab.config import ARCHS, ATTENTION_TRAITS, ConfigError, ModelConfig  # noqa: E402  (after importorskip)
+from kestrel_lab.convert import convert  # noqa: E402  (after importorskip)
+from kestrel_lab.engine import Qwen3Engine, RawTensor  # noqa: E402  (after importorskip)
+from kestrel_lab.engine.chat import (QWEN2_DEFAULT_SYSTEM, render, render_qwen2,  # noqa: E402  (after importorskip)
+                                     template_for)
+from kestrel_lab.engine.reference import reference_logits  # noqa: E402  (after importorskip)
+from kestrel_lab.paths import configs_dir  # noqa: E402  (after importorskip)
+from kestrel_lab.vqf.layout import plan  # noqa: E402  (after importorskip)
+from kestrel_lab.vqf.reader import open_vqf  # noqa: E402  (after importorskip)
+from helpers.logits import compare_steps  # noqa: E402  (after importorskip)
 
 VOCAB = 512
 PROMPT = [3, 141, 59, 265, 358, 479, 323, 46, 264, 338, 327, 450, 288, 419, 216, 39]
@@ -210,63 +212,9 @@ def test_the_engine_refuses_a_file_without_its_biases(checkpoint):
 
 # ------------------------------------------------------------------------------ the chat template
 # Qwen2.5-Instruct's chat template: the ``chat_template`` field of Qwen/Qwen2.5-0.5B-Instruct's
-# tokenizer_config.json (the same for every Qwen2.5-Instruct size), written out here because nothing
-# may be downloaded.
-QWEN2_5_TEMPLATE = r"""{%- if tools %}
-    {{- '<|im_start|>system\n' }}
-    {%- if messages[0]['role'] == 'system' %}
-        {{- messages[0]['content'] }}
-    {%- else %}
-        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
-    {%- endif %}
-    {{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
-    {%- for tool in tools %}
-        {{- "\n" }}
-        {{- tool | tojson }}
-    {%- endfor %}
-    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
-{%- else %}
-    {%- if messages[0]['role'] == 'system' %}
-        {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
-    {%- else %}
-        {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
-    {%- endif %}
-{%- endif %}
-{%- for message in messages %}
-    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
-        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
-    {%- elif message.role == "assistant" %}
-        {{- '<|im_start|>' + message.role }}
-        {%- if message.content %}
-            {{- '\n' + message.content }}
-        {%- endif %}
-        {%- for tool_call in message.tool_calls %}
-            {%- if tool_call.function is defined %}
-                {%- set tool_call = tool_call.function %}
-            {%- endif %}
-            {{- '\n<tool_call>\n{"name": "' }}
-            {{- tool_call.name }}
-            {{- '", "arguments": ' }}
-            {{- tool_call.arguments | tojson }}
-            {{- '}\n</tool_call>' }}
-        {%- endfor %}
-        {{- '<|im_end|>\n' }}
-    {%- elif message.role == "tool" %}
-        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
-            {{- '<|im_start|>user' }}
-        {%- endif %}
-        {{- '\n<tool_response>\n' }}
-        {{- message.content }}
-        {{- '\n</tool_response>' }}
-        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
-            {{- '<|im_end|>\n' }}
-        {%- endif %}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\n' }}
-{%- endif %}
-"""
+# tokenizer_config.json (the same for every Qwen2.5-Instruct size), written out in
+# tests/fixtures/qwen2_5_chat_template.jinja because nothing may be downloaded.
+QWEN2_5_TEMPLATE = (Path(__file__).parent / "fixtures" / "qwen2_5_chat_template.jinja").read_text(encoding="utf-8")
 
 
 @lru_cache(maxsize=1)

@@ -133,7 +133,7 @@ def test_dashboard_labels_computed_figures_and_never_plots_them(data):
     text = dashboard.render()
     assert f"| roofline_bound | GB/s | 40 {dashboard.COMPUTED_MARK} |" in text
     assert f"| file_bytes | B | 4,096 {dashboard.COMPUTED_MARK} |" in text
-    assert f"| measured_bw | GB/s | 12.5 |" in text
+    assert "| measured_bw | GB/s | 12.5 |" in text
     labels = [r[0] for r in dashboard.rate_rows(measure.load_all())]
     assert labels == ["day23_1 · measured_bw"]  # a computed speed is no measurement to compare
     assert "day23_1 · roofline_bound" not in text.split("## 按笔记本")[0]

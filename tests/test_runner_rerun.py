@@ -186,7 +186,8 @@ def test_publish_refuses_a_file_of_another_runner(data, tmp_path):
 
 
 def test_declared_parameters_and_typo_warning(data, tmp_path, capsys):
-    assert selection.declared_parameters(FIXTURES / "notebooks/day01/day01_1_alpha.ipynb") == {"runner", "quick", "scale"}
+    alpha = FIXTURES / "notebooks/day01/day01_1_alpha.ipynb"
+    assert selection.declared_parameters(alpha) == {"runner", "quick", "scale"}
     # an unknown parameter is reported before anything runs (the run itself stops at the failing notebook)
     code, out = rerun(capsys, tmp_path, "--notebooks", "day01_2", "-p", "scael", "3", "--timeout", "60")
     assert code == 1 and "no selected notebook has a parameter named scael" in out

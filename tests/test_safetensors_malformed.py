@@ -18,7 +18,7 @@ from kestrel_lab.safetensors import (SafetensorsError, header_bytes, open_checkp
                                      save_safetensors)
 
 safetensors = pytest.importorskip("safetensors")
-from safetensors import safe_open  # noqa: E402
+from safetensors import safe_open  # noqa: E402  (after importorskip)
 
 
 def _file(path: Path, header, data: bytes, n: int | None = None) -> Path:
@@ -41,15 +41,18 @@ DATA = bytes(range(24))
 # name → (header, data, n override, regex the message must contain)
 CASES = {
     "too_short": (b"\x01\x02\x03", b"", -1, r"3 bytes, too short for the 8-byte header length at byte 0"),
-    "header_len_past_end": (json.dumps(_ok_header()).encode(), DATA, 10_000, r"header length 10000 at byte 0 runs past the end"),
+    "header_len_past_end": (json.dumps(_ok_header()).encode(), DATA, 10_000,
+                            r"header length 10000 at byte 0 runs past the end"),
     "header_len_huge": (b"{}", b"", 2**63, r"header length \d+ at byte 0"),
-    "bad_json": (b'{"a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]', DATA[:16], None, r"not valid JSON at byte \d+"),
+    "bad_json": (b'{"a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]', DATA[:16], None,
+                 r"not valid JSON at byte \d+"),
     "not_object": (b"[1, 2, 3]", b"", None, r"does not start with '\{'"),
     "not_utf8": (b'{"\xff\xfe": 1}', b"", None, r"not UTF-8 \(byte 10"),
     "unknown_dtype": ({"a": {"dtype": "F12", "shape": [4], "data_offsets": [0, 8]}}, bytes(8), None,
                       r"tensor 'a': unknown dtype 'F12'"),
     "size_mismatch": ({"a": {"dtype": "F32", "shape": [3, 2], "data_offsets": [0, 16]}}, bytes(16), None,
-                      r"tensor 'a': shape \[3, 2\] × F32 needs 24 bytes but data_offsets give 16 \(file bytes \d+\.\.\d+\)"),
+                      r"tensor 'a': shape \[3, 2\] × F32 needs 24 bytes but data_offsets give 16 "
+                      r"\(file bytes \d+\.\.\d+\)"),
     "offset_past_end": ({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
                          "b": {"dtype": "F32", "shape": [4], "data_offsets": [16, 32]}}, bytes(24), None,
                         r"tensor 'b': data ends at file byte \d+, past the end of the file"),
@@ -63,7 +66,8 @@ CASES = {
                        r"file bytes \d+\.\.\d+ after the last tensor belong to no tensor"),
     "end_before_begin": ({"a": {"dtype": "F32", "shape": [0], "data_offsets": [8, 0]}}, bytes(8), None,
                          r"tensor 'a': data_offsets end 0 < begin 8"),
-    "missing_field": ({"a": {"dtype": "F32", "shape": [2]}}, bytes(8), None, r"tensor 'a': field 'data_offsets' is missing"),
+    "missing_field": ({"a": {"dtype": "F32", "shape": [2]}}, bytes(8), None,
+                      r"tensor 'a': field 'data_offsets' is missing"),
     "negative_shape": ({"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}, bytes(8), None,
                        r"tensor 'a': field 'shape' must be a list of non-negative integers"),
     "duplicate_name": (b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},'
@@ -124,8 +128,10 @@ def test_sharded_ok(sharded):
 
 
 @pytest.mark.parametrize("weight_map, pattern", [
-    ({"x": "s1.safetensors", "y": "s3.safetensors", "z": "s2.safetensors"}, r"names shard 's3.safetensors', which is not a file"),
-    ({"x": "s1.safetensors", "y": "s1.safetensors", "z": "s2.safetensors"}, r"puts tensor 'y' in s1.safetensors, which has no such tensor"),
+    ({"x": "s1.safetensors", "y": "s3.safetensors", "z": "s2.safetensors"},
+     r"names shard 's3.safetensors', which is not a file"),
+    ({"x": "s1.safetensors", "y": "s1.safetensors", "z": "s2.safetensors"},
+     r"puts tensor 'y' in s1.safetensors, which has no such tensor"),
     ({"x": "s1.safetensors", "y": "s2.safetensors"}, r"s2.safetensors: tensor 'z' \(file byte \d+\) is not mapped"),
     ({"x": "../s1.safetensors", "y": "s2.safetensors", "z": "s2.safetensors"}, r"which is not a file"),
     ([1, 2], r"field 'weight_map' must map"),

@@ -12,7 +12,7 @@ from kestrel_lab.tiny_model import make_tiny_model
 
 torch = pytest.importorskip("torch")
 st = pytest.importorskip("safetensors")
-from safetensors import safe_open  # noqa: E402
+from safetensors import safe_open  # noqa: E402  (after importorskip)
 
 SMALL = {"vocab_size": 512}
 

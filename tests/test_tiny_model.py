@@ -126,7 +126,8 @@ def test_cli_tiny_model(tmp_path, capsys):
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["num_hidden_layers"] == 3 and len(cfg["layer_types"]) == 3 and cfg["vocab_size"] == 512
     # the merger's output enters the text model: out_hidden_size follows hidden_size (kestrel_lab.limits.RULES)
-    (tmp_path / "over.json").write_text('{"text_config": {"hidden_size": 96}, "vision_config": {"out_hidden_size": 96}}')
+    (tmp_path / "over.json").write_text('{"text_config": {"hidden_size": 96}, '
+                                        '"vision_config": {"out_hidden_size": 96}}')
     assert cli_main(["tiny-model", str(tmp_path / "vl"), "--arch", "qwen3_vl", "--config",
                      str(tmp_path / "over.json"), "--style", "hf4"]) == 0
     assert ModelConfig.from_hf(tmp_path / "vl").hidden_size == 96

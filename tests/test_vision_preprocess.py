@@ -217,7 +217,8 @@ def test_vision_config_sets_the_geometry():
     other["vision_config"].update(patch_size=14)
     cfg14 = ModelConfig.from_hf(other)
     out14 = load_image(_smooth(256, 256), vision=cfg14.vision)
-    assert out14.pixel_values.shape[1] == 3 * 2 * 14 * 14 and out14.size == (280, 280)   # 256/28 → 9 → 252, below min_pixels → 280
+    # 256/28 → 9 → 252, below min_pixels → 280
+    assert out14.pixel_values.shape[1] == 3 * 2 * 14 * 14 and out14.size == (280, 280)
 
 
 def test_keys_tell_same_size_pictures_apart():

@@ -2,10 +2,12 @@
 training, answers that parse back, and pictures that really show what their answer says."""
 import hashlib
 import itertools
+import json
 
 import numpy as np
 import pytest
 
+from kestrel_lab.paths import data_dir
 from kestrel_lab.vision import synthetic as syn
 
 # sha256 of seed 0's raw RGB bytes with the pinned Pillow (requirements.txt) and numpy's PCG64:
@@ -107,10 +109,6 @@ def test_picture_shows_what_the_answer_says(seed):
 
 
 # ----------------------------------------------------------------------------- the committed model
-import json  # noqa: E402
-
-from kestrel_lab.paths import data_dir  # noqa: E402
-
 MODEL = data_dir() / "models" / "qwen3-tiny-vl"
 IM_END = 151645
 

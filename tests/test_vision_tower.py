@@ -8,12 +8,12 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is a test dependency (requirements-ref.txt)")
 transformers = pytest.importorskip("transformers", reason="transformers is a test dependency")
 
-from transformers import vision_utils  # noqa: E402
+from transformers import vision_utils  # noqa: E402  (after importorskip)
 
-from kestrel_lab import models  # noqa: E402
-from kestrel_lab.kernels import vision as VK  # noqa: E402
-from kestrel_lab.vision import tower as T  # noqa: E402
-from kestrel_lab.vqf.reader import open_vqf  # noqa: E402
+from kestrel_lab import models  # noqa: E402  (after importorskip)
+from kestrel_lab.kernels import vision as VK  # noqa: E402  (after importorskip)
+from kestrel_lab.vision import tower as T  # noqa: E402  (after importorskip)
+from kestrel_lab.vqf.reader import open_vqf  # noqa: E402  (after importorskip)
 
 # 3 blocks with DeepStack taps after blocks 0 and 2 (not only the last), the tiny default otherwise:
 # width 64, 2 heads of 32, MLP 128, 8×8 position table, merge 2, text width 64.

@@ -17,13 +17,13 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is a test dependency (requirements-ref.txt)")
 transformers = pytest.importorskip("transformers", reason="transformers is a test dependency")
 
-from kestrel_lab import models  # noqa: E402
-from kestrel_lab.engine import model as M  # noqa: E402
-from kestrel_lab.engine.chat import common_prefix_len  # noqa: E402
-from kestrel_lab.eval import logit_agreement  # noqa: E402
-from kestrel_lab.engine.vl import Qwen3VLEngine, VLConversation, open_engine  # noqa: E402
-from kestrel_lab.vision import prompt as VP  # noqa: E402
-from kestrel_lab.vocab import Tokenizer  # noqa: E402
+from kestrel_lab import models  # noqa: E402  (after importorskip)
+from kestrel_lab.engine import model as M  # noqa: E402  (after importorskip)
+from kestrel_lab.engine.chat import common_prefix_len  # noqa: E402  (after importorskip)
+from kestrel_lab.eval import logit_agreement  # noqa: E402  (after importorskip)
+from kestrel_lab.engine.vl import Qwen3VLEngine, VLConversation, open_engine  # noqa: E402  (after importorskip)
+from kestrel_lab.vision import prompt as VP  # noqa: E402  (after importorskip)
+from kestrel_lab.vocab import Tokenizer  # noqa: E402  (after importorskip)
 
 OVERRIDES = {"vision_config": {"depth": 3, "deepstack_visual_indexes": [0, 2]}}
 TOL = 1e-4          # max |diff| relative to the logit scale (F32 weights)

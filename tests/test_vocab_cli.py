@@ -35,7 +35,8 @@ def test_encode_command(capsys):
 
 def test_spec_page_table_matches_decode_token_str():
     page = (REPO_ROOT / "book" / "formats" / "vocab_bin.md").read_text(encoding="utf-8")
-    rows = re.findall(r"^\| U\+([0-9A-F]{4})\.\.U\+([0-9A-F]{4})[^|]*\| (0x[0-9A-F]{2})\.\.(0x[0-9A-F]{2}) \|", page, re.M)
+    rows = re.findall(r"^\| U\+([0-9A-F]{4})\.\.U\+([0-9A-F]{4})[^|]*\| (0x[0-9A-F]{2})\.\.(0x[0-9A-F]{2}) \|",
+                      page, re.M)
     assert len(rows) >= 3
     for lo, hi, b_lo, b_hi in rows:
         lo, hi, b_lo, b_hi = int(lo, 16), int(hi, 16), int(b_lo, 16), int(b_hi, 16)

@@ -56,13 +56,15 @@ def test_article_n_200000_is_caught_by_truncation(tmp_path):
     compile_vocab(None, out)
     data = bytearray(out.read_bytes())
     data[:4] = struct.pack("<I", 200_000)
-    with pytest.raises(VocabFormatError, match=r"record 151669: truncated header: fields token_id/len at offset 1,950,864"):
+    with pytest.raises(VocabFormatError,
+                       match=r"record 151669: truncated header: fields token_id/len at offset 1,950,864"):
         parse_vocab_bin(bytes(data))
 
 
 def test_truncated_record_bytes():
     data = make(GOOD)[:-2]
-    with pytest.raises(VocabFormatError, match=r"record 2: truncated bytes: field len says 2 bytes at offset 26, only 0 left"):
+    with pytest.raises(VocabFormatError,
+                       match=r"record 2: truncated bytes: field len says 2 bytes at offset 26, only 0 left"):
         parse_vocab_bin(data)
     # the record header itself cut short
     with pytest.raises(VocabFormatError, match=r"record 2: truncated header: .* offset 37 need 6 bytes, only 3 left"):

@@ -69,8 +69,8 @@ def moe_first_tokens(path, threads: int, prompt_len: int = 8, cold: bool = True,
     eng.decode(int(np.argmax(logits)))
     t3 = time.perf_counter()
     res1, io1 = models.resident_bytes(path), io_read_bytes()
-    return {"cold": cold, "evicted": evicted, "expert_paging": expert_paging, "load_s": t1 - t0, "first_token_s": t2 - t0,
-            "first_decode_s": t3 - t2,
+    return {"cold": cold, "evicted": evicted, "expert_paging": expert_paging, "load_s": t1 - t0,
+            "first_token_s": t2 - t0, "first_decode_s": t3 - t2,
             "paged_in_bytes": None if res0 is None or res1 is None else res1 - res0,
             "io_read_bytes": None if io0 is None or io1 is None else io1 - io0,
             "resident_after_bytes": res1, "file_bytes": os.path.getsize(path),
@@ -92,54 +92,19 @@ def moe_run(config_path, layers: int | None = None, quant: str = "q4_0", threads
     ``memory_limit``). ``dense_twin_config``: a dense config (e.g. ``DENSE_TWIN_CONFIG``) cut to the
     same layers and decoded beside the MoE (``dense_twin``).
     """
-    import shutil
-
-    from kestrel_lab.config import ModelConfig
-    from kestrel_lab.engine import Qwen3Engine
     from kestrel_lab.engine.moe import active_bytes
-    from kestrel_lab.roofline import decode_ceiling, memory_bandwidth
     from kestrel_lab.threads import resolve_threads
     from kestrel_lab.vqf.layout import resolve_quant
-    from kestrel_lab.vqf.planner import plan_file
 
     qt = resolve_quant(quant)
-    full = ModelConfig.from_hf(config_path)
-    if full.arch != "qwen3_moe":
-        raise ValueError(f"{config_path}: model_type is {full.arch!r}; the MoE bench needs a qwen3_moe config")
-    cfg = full if layers is None else dataclasses.replace(full, num_hidden_layers=layers)
-    if layers is not None and not 1 <= layers <= full.num_hidden_layers:
-        raise ValueError(f"--layers {layers}: the config has {full.num_hidden_layers} layers")
-    size = plan_file(cfg, qt).file_size
-    cache = models._cache()
-    cache.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(cache).free
-    log(f"planned file {size / 1e9:.2f} GB ({cfg.num_hidden_layers} of {full.num_hidden_layers} layers); "
-        f"free disk at {cache}: {free / 1e9:.1f} GB")
-    if size > 0.9 * free:
-        raise OSError(f"{cache}: {free / 1e9:.1f} GB free, the file needs {size / 1e9:.1f} GB: pass a smaller --layers")
-    t0 = time.perf_counter()
-    path = models.vqf(config=Path(config_path), layers=layers, quant=qt)
-    log(f"model: {path} ({path.stat().st_size / 1e9:.2f} GB, ready in {time.perf_counter() - t0:.1f} s)")
+    full, cfg = _moe_configs(config_path, layers)
+    path = _moe_file(config_path, layers, full, cfg, qt, log)
     threads = sorted(set(threads or [1, resolve_threads(None)]))
     memory_res = None
     if memory_limit is not None:
         memory_res = memory_limit_run(path, memory_limit, threads=threads[0], decode_tokens=decode_tokens,
                                       rounds=rounds, log=log)
-    dense_path = None
-    if dense_twin_config is not None:
-        dfull = ModelConfig.from_hf(dense_twin_config)
-        if dfull.arch != "qwen3":
-            raise ValueError(f"{dense_twin_config}: model_type is {dfull.arch!r}; the dense twin needs a qwen3 config")
-        if cfg.num_hidden_layers > dfull.num_hidden_layers:
-            raise ValueError(f"--dense-twin: {dense_twin_config} has {dfull.num_hidden_layers} layers, fewer than "
-                             f"the {cfg.num_hidden_layers} asked for")
-        dl = None if cfg.num_hidden_layers == dfull.num_hidden_layers else cfg.num_hidden_layers
-        dsize = plan_file(dataclasses.replace(dfull, num_hidden_layers=cfg.num_hidden_layers), qt).file_size
-        if dsize > 0.9 * shutil.disk_usage(cache).free:
-            raise OSError(f"{cache}: the dense twin needs {dsize / 1e9:.1f} GB: pass a smaller --layers")
-        t0 = time.perf_counter()
-        dense_path = models.vqf(config=Path(dense_twin_config), layers=dl, quant=qt)
-        log(f"dense twin: {dense_path} ({dense_path.stat().st_size / 1e9:.2f} GB, ready in {time.perf_counter() - t0:.1f} s)")
+    dense_path = None if dense_twin_config is None else _dense_twin_file(dense_twin_config, cfg, qt, log)
     ab = active_bytes(cfg, qt)
     res = {"vqf": str(path), "config": str(config_path), "quant": qt.name.lower(), "layers": cfg.num_hidden_layers,
            "layers_full": full.num_hidden_layers, "threads": threads, "computed_bytes_per_token": ab["total"],
@@ -151,27 +116,7 @@ def moe_run(config_path, layers: int | None = None, quant: str = "q4_0", threads
     res["warm"] = moe_first_tokens(path, threads[-1], cold=False)
     for t in threads:
         log(f"engine, {t} thread(s) …")
-        eng = Qwen3Engine.from_vqf(path, max_context=MOE_PROMPT_TOKENS + decode_tokens + 8, threads=t)
-        ids = prompt_ids(cfg.vocab_size, MOE_PROMPT_TOKENS)
-        eng.reset_moe_counters()
-        t1 = time.perf_counter()
-        logits = eng.prefill(ids)
-        prefill_s = time.perf_counter() - t1
-        rep = eng.moe_report()
-        eng.reset_moe_counters()
-        logits, steps = decode_steps(eng, logits, decode_tokens)
-        counted = moe_counted_bytes(eng, eng.moe_report()["bytes_touched"], decode_tokens)
-        bw = memory_bandwidth(threads=t)["read_gbs"]
-        res["engine"][t] = {"decode_tok_s": decode_tokens / sum(steps), "decode_ms_median": 1e3 * float(np.median(steps)),
-                            "prefill_tok_s": MOE_PROMPT_TOKENS / prefill_s,
-                            "counted_bytes_per_token": counted,
-                            "distinct_experts_prompt": rep["distinct_experts"],
-                            "rss_after": rss_parts(), "memory": {k: v for k, v in eng.memory_report().items()
-                                                                  if k.endswith("bytes")},
-                            "kernels": eng.kernel_paths()}
-        res["bandwidth"][t] = bw
-        res["ceiling_tok_s"][t] = decode_ceiling(int(counted), bw)
-        del eng
+        res["engine"][t], res["bandwidth"][t], res["ceiling_tok_s"][t] = _engine_decode(path, cfg, t, decode_tokens)
     e = res["engine"][threads[-1]]
     L, Lf = cfg.num_hidden_layers, full.num_hidden_layers
     per_layer = {k: ab[k] / L for k in ("attention", "router", "experts")}
@@ -185,6 +130,90 @@ def moe_run(config_path, layers: int | None = None, quant: str = "q4_0", threads
         res["dense_twin"] = dense_twin(path, dense_path, threads, decode_tokens=decode_tokens, rounds=rounds, log=log)
     res["load_avg"] = os.getloadavg() if hasattr(os, "getloadavg") else None
     return res
+
+def _moe_configs(config_path, layers: int | None):
+    """(the whole model's config, the config cut to ``layers`` layers) of a Qwen3-MoE ``config_path``."""
+    from kestrel_lab.config import ModelConfig
+
+    full = ModelConfig.from_hf(config_path)
+    if full.arch != "qwen3_moe":
+        raise ValueError(f"{config_path}: model_type is {full.arch!r}; the MoE bench needs a qwen3_moe config")
+    cfg = full if layers is None else dataclasses.replace(full, num_hidden_layers=layers)
+    if layers is not None and not 1 <= layers <= full.num_hidden_layers:
+        raise ValueError(f"--layers {layers}: the config has {full.num_hidden_layers} layers")
+    return full, cfg
+
+def _moe_file(config_path, layers: int | None, full, cfg, qt, log) -> Path:
+    """The random-weight VQF file of ``cfg`` (built into the cache unless there), once the free disk is
+    known to hold it."""
+    import shutil
+
+    from kestrel_lab.vqf.planner import plan_file
+
+    size = plan_file(cfg, qt).file_size
+    cache = models._cache()
+    cache.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(cache).free
+    log(f"planned file {size / 1e9:.2f} GB ({cfg.num_hidden_layers} of {full.num_hidden_layers} layers); "
+        f"free disk at {cache}: {free / 1e9:.1f} GB")
+    if size > 0.9 * free:
+        raise OSError(f"{cache}: {free / 1e9:.1f} GB free, the file needs {size / 1e9:.1f} GB: "
+                      "pass a smaller --layers")
+    t0 = time.perf_counter()
+    path = models.vqf(config=Path(config_path), layers=layers, quant=qt)
+    log(f"model: {path} ({path.stat().st_size / 1e9:.2f} GB, ready in {time.perf_counter() - t0:.1f} s)")
+    return path
+
+def _dense_twin_file(dense_twin_config, cfg, qt, log) -> Path:
+    """The dense twin's VQF file: ``dense_twin_config`` (a qwen3 config) cut to ``cfg``'s layers."""
+    import shutil
+
+    from kestrel_lab.config import ModelConfig
+    from kestrel_lab.vqf.planner import plan_file
+
+    dfull = ModelConfig.from_hf(dense_twin_config)
+    if dfull.arch != "qwen3":
+        raise ValueError(f"{dense_twin_config}: model_type is {dfull.arch!r}; the dense twin needs a qwen3 config")
+    if cfg.num_hidden_layers > dfull.num_hidden_layers:
+        raise ValueError(f"--dense-twin: {dense_twin_config} has {dfull.num_hidden_layers} layers, fewer than "
+                         f"the {cfg.num_hidden_layers} asked for")
+    dl = None if cfg.num_hidden_layers == dfull.num_hidden_layers else cfg.num_hidden_layers
+    dsize = plan_file(dataclasses.replace(dfull, num_hidden_layers=cfg.num_hidden_layers), qt).file_size
+    cache = models._cache()
+    if dsize > 0.9 * shutil.disk_usage(cache).free:
+        raise OSError(f"{cache}: the dense twin needs {dsize / 1e9:.1f} GB: pass a smaller --layers")
+    t0 = time.perf_counter()
+    dense_path = models.vqf(config=Path(dense_twin_config), layers=dl, quant=qt)
+    log(f"dense twin: {dense_path} ({dense_path.stat().st_size / 1e9:.2f} GB, "
+        f"ready in {time.perf_counter() - t0:.1f} s)")
+    return dense_path
+
+def _engine_decode(path, cfg, threads: int, decode_tokens: int) -> tuple[dict, float, float]:
+    """One engine at ``threads`` threads: a 256-token prefill, then ``decode_tokens`` decode steps.
+    Returns its figures, the read bandwidth at that thread count, and the decode ceiling for the weight
+    bytes per token the engine counted."""
+    from kestrel_lab.engine import Qwen3Engine
+    from kestrel_lab.roofline import decode_ceiling, memory_bandwidth
+
+    eng = Qwen3Engine.from_vqf(path, max_context=MOE_PROMPT_TOKENS + decode_tokens + 8, threads=threads)
+    ids = prompt_ids(cfg.vocab_size, MOE_PROMPT_TOKENS)
+    eng.reset_moe_counters()
+    t1 = time.perf_counter()
+    logits = eng.prefill(ids)
+    prefill_s = time.perf_counter() - t1
+    rep = eng.moe_report()
+    eng.reset_moe_counters()
+    logits, steps = decode_steps(eng, logits, decode_tokens)
+    counted = moe_counted_bytes(eng, eng.moe_report()["bytes_touched"], decode_tokens)
+    bw = memory_bandwidth(threads=threads)["read_gbs"]
+    figures = {"decode_tok_s": decode_tokens / sum(steps), "decode_ms_median": 1e3 * float(np.median(steps)),
+               "prefill_tok_s": MOE_PROMPT_TOKENS / prefill_s,
+               "counted_bytes_per_token": counted,
+               "distinct_experts_prompt": rep["distinct_experts"],
+               "rss_after": rss_parts(),
+               "memory": {k: v for k, v in eng.memory_report().items() if k.endswith("bytes")},
+               "kernels": eng.kernel_paths()}
+    return figures, bw, decode_ceiling(int(counted), bw)
 
 def paging_decode(path, threads: int = 1, expert_paging: str = "os", decode_tokens: int = DECODE_TOKENS,
                   warmup: int = 4, prompt_len: int = 8, evict: bool = True) -> dict:
@@ -263,8 +292,8 @@ def memory_limit_run(path, limit=None, threads: int = 1, decode_tokens: int = DE
             args = json.dumps({"path": str(path), "threads": threads, "expert_paging": mode,
                                "decode_tokens": decode_tokens, "warmup": warmup})
             cmd = [sys.executable, "-m", "kestrel_lab.bench.moe", "paging-child", args]
-            log(f"round {r + 1}/{rounds}: {name} (limit {'none' if case_limit is None else f'{case_limit / 2**30:.2f} GiB'}, "
-                f"expert paging {mode}) …")
+            shown = "none" if case_limit is None else f"{case_limit / 2**30:.2f} GiB"
+            log(f"round {r + 1}/{rounds}: {name} (limit {shown}, expert paging {mode}) …")
             if why:
                 t0 = time.perf_counter()
                 p = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=timeout)
@@ -273,7 +302,8 @@ def memory_limit_run(path, limit=None, threads: int = 1, decode_tokens: int = DE
             else:
                 out = cgroup.run(cmd, case_limit, timeout=timeout, env=child_env(), hierarchy=hierarchy)
             if out.timed_out or out.returncode != 0:
-                raise RuntimeError(f"{name}: the child {'ran past ' + str(timeout) + ' s' if out.timed_out else 'failed'} "
+                how = f"ran past {timeout} s" if out.timed_out else "failed"
+                raise RuntimeError(f"{name}: the child {how} "
                                    f"(exit {out.returncode}, OOM kills {out.oom_kills}):\n{out.stderr[-2000:]}")
             d = json.loads(out.stdout.strip().splitlines()[-1])
             d.update({"cgroup_peak_bytes": out.peak_bytes, "oom_kills": out.oom_kills, "cgroup_version": out.version,
@@ -283,6 +313,10 @@ def memory_limit_run(path, limit=None, threads: int = 1, decode_tokens: int = DE
     res["load_avg"] = os.getloadavg() if hasattr(os, "getloadavg") else None
     return res
 
+def _median_or_none(runs: list[dict], key: str) -> float | None:
+    """The median of ``key`` over the runs, or None when any run lacks it."""
+    return float(np.median([r[key] for r in runs])) if all(r.get(key) is not None for r in runs) else None
+
 def summarize_memory_limit(res: dict) -> dict:
     """Medians over the rounds of each case, and each limited case's speed as a ratio of the unlimited
     one measured in the same rounds. Taught in day22_3."""
@@ -290,10 +324,9 @@ def summarize_memory_limit(res: dict) -> dict:
     for name, runs in res["runs"].items():
         if not runs:
             continue
-        med = lambda k: (float(np.median([r[k] for r in runs])) if all(r.get(k) is not None for r in runs)  # noqa: E731
-                         else None)
-        out[name] = {k: med(k) for k in ("decode_tok_s", "read_bytes_per_token", "engine_bytes_per_token",
-                                         "rss_peak_bytes", "cgroup_peak_bytes")}
+        out[name] = {k: _median_or_none(runs, k) for k in ("decode_tok_s", "read_bytes_per_token",
+                                                           "engine_bytes_per_token", "rss_peak_bytes",
+                                                           "cgroup_peak_bytes")}
         out[name]["decode_tok_s_all"] = [r["decode_tok_s"] for r in runs]
     base = res["runs"]["unlimited"]
     for name in ("limited_os", "limited_exact"):
@@ -303,6 +336,10 @@ def summarize_memory_limit(res: dict) -> dict:
             out[name]["speed_vs_unlimited"] = float(np.median(ratios))
             out[name]["speed_vs_unlimited_all"] = ratios
     return out
+
+def _scaled(x: float | None, d: float = 1e6, fmt: str = "{:.1f}") -> str:
+    """``x / d`` formatted, or "n/a" for a figure not measured."""
+    return "n/a" if x is None else fmt.format(x / d)
 
 def format_memory_limit(res: dict, load: bool = True) -> str:
     """The printed report of ``memory_limit_run`` (``load``: end with the load-average line). Taught in day22_3."""
@@ -319,11 +356,11 @@ def format_memory_limit(res: dict, load: bool = True) -> str:
         if name not in s:
             continue
         v = s[name]
-        f = lambda x, d=1e6, fmt="{:.1f}": "n/a" if x is None else fmt.format(x / d)  # noqa: E731
         ratio = v.get("speed_vs_unlimited")
         lines.append(f"{label:16s}{v['decode_tok_s']:9.2f}{'' if ratio is None else f'{ratio:.2f}':>13s}"
-                     f"{f(v['read_bytes_per_token']):>15s}{f(v['engine_bytes_per_token']):>17s}"
-                     f"{f(v['cgroup_peak_bytes'], 2**30, '{:.2f} GiB'):>15s}{f(v['rss_peak_bytes'], 2**30, '{:.2f} GiB'):>11s}")
+                     f"{_scaled(v['read_bytes_per_token']):>15s}{_scaled(v['engine_bytes_per_token']):>17s}"
+                     f"{_scaled(v['cgroup_peak_bytes'], 2**30, '{:.2f} GiB'):>15s}"
+                     f"{_scaled(v['rss_peak_bytes'], 2**30, '{:.2f} GiB'):>11s}")
     per_round = [f"{label} {', '.join(f'{x:.2f}' for x in s[name]['speed_vs_unlimited_all'])}"
                  for name, label in (("limited_os", "OS read-ahead"), ("limited_exact", "exact paging"))
                  if s.get(name, {}).get("speed_vs_unlimited_all")]
@@ -363,8 +400,8 @@ def dense_twin(moe_path, dense_path, threads: list[int], decode_tokens: int = DE
         ratios = [a / b for a, b in zip(speeds["moe"], speeds["dense"])]
         out["by_threads"][t] = {"moe_tok_s": speeds["moe"], "dense_tok_s": speeds["dense"],
                                 "moe_bytes_per_token": bpt["moe"], "dense_bytes_per_token": bpt["dense"],
-                                "predicted_ratio": bpt["dense"] / bpt["moe"], "measured_ratio": float(np.median(ratios)),
-                                "measured_ratios": ratios}
+                                "predicted_ratio": bpt["dense"] / bpt["moe"],
+                                "measured_ratio": float(np.median(ratios)), "measured_ratios": ratios}
     out["load_avg"] = os.getloadavg() if hasattr(os, "getloadavg") else None
     return out
 
@@ -378,17 +415,20 @@ def agreement(measured: float, predicted: float, tolerance: float = 0.25) -> str
 def format_dense_twin(res: dict, load: bool = True) -> str:
     """The printed report of ``dense_twin`` (``load``: end with the load-average line). Taught in day22_2."""
     m, d = res["moe"], res["dense"]
-    lines = [f"MoE vs dense twin ({m['layers']} layers each): active parameters {m['active_params']['total'] / 1e9:.3f} B "
-             f"vs {d['active_params']['total'] / 1e9:.3f} B; weight bytes per token (computed) "
-             f"{m['computed_bytes_per_token'] / 1e6:.1f} MB vs {d['computed_bytes_per_token'] / 1e6:.1f} MB"]
+    lines = [f"MoE vs dense twin ({m['layers']} layers each): active parameters "
+             f"{m['active_params']['total'] / 1e9:.3f} B vs {d['active_params']['total'] / 1e9:.3f} B; "
+             f"weight bytes per token (computed) {m['computed_bytes_per_token'] / 1e6:.1f} MB "
+             f"vs {d['computed_bytes_per_token'] / 1e6:.1f} MB"]
     for t, v in res["by_threads"].items():
         verdict = agreement(v["measured_ratio"], v["predicted_ratio"])
-        lines.append(f"{t} thread(s): MoE {np.median(v['moe_tok_s']):.1f} tok/s, dense {np.median(v['dense_tok_s']):.1f} tok/s "
+        said = {"agrees": "agrees (within 25 %)",
+                "lower": "DISAGREES: the MoE is slower than the bytes predict",
+                "higher": "DISAGREES: the MoE is faster than the bytes predict"}[verdict]
+        lines.append(f"{t} thread(s): MoE {np.median(v['moe_tok_s']):.1f} tok/s, "
+                     f"dense {np.median(v['dense_tok_s']):.1f} tok/s "
                      f"(medians of {len(v['moe_tok_s'])}); MoE/dense measured {v['measured_ratio']:.2f}× "
                      f"(rounds: {', '.join(f'{x:.2f}' for x in v['measured_ratios'])}), bytes predict "
-                     f"{v['predicted_ratio']:.2f}× — " + {"agrees": "agrees (within 25 %)",
-                                                          "lower": "DISAGREES: the MoE is slower than the bytes predict",
-                                                          "higher": "DISAGREES: the MoE is faster than the bytes predict"}[verdict])
+                     f"{v['predicted_ratio']:.2f}× — " + said)
     lines += load_avg_line(res) if load else []
     return "\n".join(lines)
 
@@ -397,7 +437,8 @@ def format_moe_table(res: dict) -> str:
     ts = res["threads"]
     cut = res["layers"] != res["layers_full"]
     lines = [f"kestrel-lab bench (MoE) — {Path(res['vqf']).name} ({res['quant']}), {res['layers']} of "
-             f"{res['layers_full']} layers" + (" (per-layer figures are what scales to the whole model)" if cut else "")]
+             f"{res['layers_full']} layers"
+             + (" (per-layer figures are what scales to the whole model)" if cut else "")]
     lines.append(f"{'':46s}" + "".join(f"{f'{t} thread' + ('s' if t > 1 else ''):>14s}" for t in ts))
 
     def row(label, vals, fmt):
@@ -405,20 +446,25 @@ def format_moe_table(res: dict) -> str:
 
     row("decode tok/s", [res["engine"][t]["decode_tok_s"] for t in ts], "{:.1f}")
     row("prefill tok/s (256-token prompt)", [res["engine"][t]["prefill_tok_s"] for t in ts], "{:.1f}")
-    row("weight MB per token, counted by the engine", [res["engine"][t]["counted_bytes_per_token"] / 1e6 for t in ts], "{:.1f}")
+    row("weight MB per token, counted by the engine",
+        [res["engine"][t]["counted_bytes_per_token"] / 1e6 for t in ts], "{:.1f}")
     row("memory read GB/s", [res["bandwidth"][t] for t in ts], "{:.1f}")
     row("bandwidth ceiling tok/s (counted bytes)", [res["ceiling_tok_s"][t] for t in ts], "{:.1f}")
-    row("decode % of ceiling", [100 * res["engine"][t]["decode_tok_s"] / res["ceiling_tok_s"][t] for t in ts], "{:.0f} %")
+    row("decode % of ceiling",
+        [100 * res["engine"][t]["decode_tok_s"] / res["ceiling_tok_s"][t] for t in ts], "{:.0f} %")
     p = res["computed_parts"]
     lines.append(f"computed bytes per token (this file): {res['computed_bytes_per_token'] / 1e6:.1f} MB = attention "
                  f"{p['attention'] / 1e6:.1f} + experts {p['experts'] / 1e6:.1f} + routers {p['router'] / 1e6:.1f} + "
-                 f"LM head {p['lm_head'] / 1e6:.1f} + norms/embedding row {(p['norms'] + p['embedding_row']) / 1e6:.2f}")
+                 f"LM head {p['lm_head'] / 1e6:.1f} + norms/embedding row "
+                 f"{(p['norms'] + p['embedding_row']) / 1e6:.2f}")
     pl = res["per_layer"]
     lines.append(f"per layer: attention {pl['attention'] / 1e6:.2f} MB, router {pl['router'] / 1e6:.2f} MB, "
                  f"active experts {pl['experts'] / 1e6:.2f} MB; whole model ({res['layers_full']} layers) computed "
-                 f"{res['full_model_computed']['total'] / 1e9:.3f} GB/token, file {res['full_model_computed']['file'] / 1e9:.2f} GB")
+                 f"{res['full_model_computed']['total'] / 1e9:.3f} GB/token, "
+                 f"file {res['full_model_computed']['file'] / 1e9:.2f} GB")
     e = res["engine"][ts[-1]]
-    lines.append("distinct experts chosen by a 256-token prompt, per layer: " + ", ".join(map(str, e["distinct_experts_prompt"])))
+    lines.append("distinct experts chosen by a 256-token prompt, per layer: "
+                 + ", ".join(map(str, e["distinct_experts_prompt"])))
     for key in ("cold", "cold_exact", "warm"):
         c = res[key]
         pin = "n/a" if c["paged_in_bytes"] is None else f"{c['paged_in_bytes'] / 1e6:.1f} MB"
@@ -429,9 +475,11 @@ def format_moe_table(res: dict) -> str:
                      f"(mincore) {pin}, /proc/self/io read_bytes {io}, of a {c['file_bytes'] / 1e9:.2f} GB file")
     r = e["rss_after"]
     mem = e["memory"]
-    lines.append(f"after {MOE_PROMPT_TOKENS} + decode tokens: RSS {r['rss'] / 1e6:.0f} MB (anonymous {r['anon'] / 1e6:.0f}, "
-                 f"file-backed {r['file'] / 1e6:.0f}); weights copied at load {mem['copied_at_load_bytes'] / 1e6:.1f} MB, "
-                 f"used in place {mem['in_place_bytes'] / 1e6:.1f} MB (experts {mem.get('experts_in_place_bytes', 0) / 1e6:.1f})")
+    lines.append(f"after {MOE_PROMPT_TOKENS} + decode tokens: RSS {r['rss'] / 1e6:.0f} MB "
+                 f"(anonymous {r['anon'] / 1e6:.0f}, file-backed {r['file'] / 1e6:.0f}); "
+                 f"weights copied at load {mem['copied_at_load_bytes'] / 1e6:.1f} MB, "
+                 f"used in place {mem['in_place_bytes'] / 1e6:.1f} MB "
+                 f"(experts {mem.get('experts_in_place_bytes', 0) / 1e6:.1f})")
     if res.get("memory_limit"):
         lines.append(format_memory_limit(res["memory_limit"], load=False))
     if res.get("dense_twin"):

@@ -43,7 +43,8 @@ from kestrel_lab.kernels.registry import host_features
 
 PEER = "llama.cpp"
 PEERS = (PEER,)
-HINT = "the llama.cpp peer is not built here: run `make peers` (builds llama-bench and llama-quantize; minutes on 2 cores)"
+HINT = ("the llama.cpp peer is not built here: run `make peers` (builds llama-bench and llama-quantize; "
+        "minutes on 2 cores)")
 PROMPT_TOKENS = 64
 DECODE_TOKENS = 32
 REPS = 3
@@ -254,7 +255,8 @@ def gguf(ckpt: Path, info: dict, log=print) -> Path:
     from kestrel_lab import models
 
     bf16 = gguf_bf16(ckpt, info, log=log)
-    key = {"schema": SCHEMA, "kind": "gguf", "from": json.loads(models.cache_key_path(bf16).read_text(encoding="utf-8")),
+    bf16_key = json.loads(models.cache_key_path(bf16).read_text(encoding="utf-8"))
+    key = {"schema": SCHEMA, "kind": "gguf", "from": bf16_key,
            "sdist_sha256": info.get("sdist_sha256"), "cmake_flags": info.get("cmake_flags"),
            "quantize": ["--pure", "Q4_0"]}
     out = _cache() / f"{Path(ckpt).name}.q4_0.gguf"
@@ -340,9 +342,6 @@ def run(rounds: int = 3, threads=(1, 2), config=None, root=None, log=print) -> d
     ``settings`` of both sides, the ``build``, the ``machine`` (CPU model, ISA flags, load average
     before and after) and the files. Raises ``PeerMissing`` without the peer.
     """
-    from kestrel_lab.bench.speed import prompt_ids
-    from kestrel_lab.engine import Qwen3Engine
-
     info = require(root)
     if rounds < 1:
         raise ValueError(f"rounds = {rounds} must be ≥ 1")
@@ -356,20 +355,48 @@ def run(rounds: int = 3, threads=(1, 2), config=None, root=None, log=print) -> d
     gguf_path = gguf(ckpt, info, log=log)
     log(f"GGUF: {gguf_path.name} ({gguf_path.stat().st_size / 1e6:.1f} MB)")
 
-    engines = {t: Qwen3Engine.from_vqf(vqf_path, max_context=PROMPT_TOKENS + DECODE_TOKENS + 16, threads=t)
-               for t in threads}
+    engines, ids = _warm_engines(vqf_path, threads)
     eng0 = engines[threads[0]]
-    ids = prompt_ids(eng0.config.vocab_size, PROMPT_TOKENS)
-    for eng in engines.values():          # warm-up: compile/load the kernels, page the weights in
-        logits = eng.prefill(ids[:8])
-        for _ in range(2):
-            logits = eng.decode(int(np.argmax(logits)))
-        eng.reset()
     wbytes = eng0.weight_bytes_per_token
     lim = {}
     for t in threads:
         log(f"limits, {t} thread(s) …")
         lim[t] = limits(t, wbytes)
+    per, peer_settings = _rounds(info, gguf_path, engines, ids, threads, rounds, log)
+    return {
+        "schema": SCHEMA, "peer": PEER, "rounds": rounds, "threads": threads, "rows": _rows(per, lim, threads),
+        "limits": [lim[t] for t in threads], "weight_bytes_per_token": wbytes,
+        "files": {"checkpoint": str(ckpt), "vqf": str(vqf_path), "vqf_bytes": vqf_path.stat().st_size,
+                  "gguf": str(gguf_path), "gguf_bytes": gguf_path.stat().st_size},
+        "settings": _settings(info, gguf_path, peer_settings[threads[0]], eng0),
+        "build": {k: info.get(k) for k in ("sdist", "sdist_sha256", "cmake_flags", "compiler", "seconds", "built_at")},
+        "machine": {"cpu": cpu_model(), "isa": isa_flags(), "cores": os.cpu_count(),
+                    "load_before": list(load_before), "load_after": list(os.getloadavg())},
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def _warm_engines(vqf_path: Path, threads: list[int]) -> tuple[dict, np.ndarray]:
+    """One engine per thread count, each warmed up (kernels compiled or loaded, weights paged in), and
+    the prompt's ids."""
+    from kestrel_lab.bench.speed import prompt_ids
+    from kestrel_lab.engine import Qwen3Engine
+
+    engines = {t: Qwen3Engine.from_vqf(vqf_path, max_context=PROMPT_TOKENS + DECODE_TOKENS + 16, threads=t)
+               for t in threads}
+    ids = prompt_ids(engines[threads[0]].config.vocab_size, PROMPT_TOKENS)
+    for eng in engines.values():          # warm-up: compile/load the kernels, page the weights in
+        logits = eng.prefill(ids[:8])
+        for _ in range(2):
+            logits = eng.decode(int(np.argmax(logits)))
+        eng.reset()
+    return engines, ids
+
+
+def _rounds(info: dict, gguf_path: Path, engines: dict, ids, threads: list[int], rounds: int,
+            log) -> tuple[dict, dict]:
+    """``rounds`` rounds at each thread count, the two sides in turn (which goes first alternates):
+    every round's results by (side, threads), and llama-bench's settings by thread count."""
     per = {(side, t): [] for side in ("peer", "engine") for t in threads}
     peer_settings = {}
     for r in range(rounds):
@@ -384,7 +411,14 @@ def run(rounds: int = 3, threads=(1, 2), config=None, root=None, log=print) -> d
                 per[(side, t)].append(res)
             pe, en = per[("peer", t)][-1], per[("engine", t)][-1]
             log(f"round {r + 1}/{rounds}, {t} thread(s): decode {pe['decode']['tok_s']:.1f} (llama.cpp) vs "
-                f"{en['decode']['tok_s']:.1f} (engine); prefill {pe['prefill']['tok_s']:.1f} vs {en['prefill']['tok_s']:.1f}")
+                f"{en['decode']['tok_s']:.1f} (engine); prefill {pe['prefill']['tok_s']:.1f} vs "
+                f"{en['prefill']['tok_s']:.1f}")
+    return per, peer_settings
+
+
+def _rows(per: dict, lim: dict, threads: list[int]) -> list[dict]:
+    """One row per test and thread count: both sides' summaries, the ratio with its bounds, and for
+    decode each side's % of the binding limit."""
     rows = []
     for kind in ("decode", "prefill"):
         for t in threads:
@@ -396,28 +430,23 @@ def run(rounds: int = 3, threads=(1, 2), config=None, root=None, log=print) -> d
                 row["peer_pct_of_limit"] = 100 * row["peer"]["median"] / c
                 row["engine_pct_of_limit"] = 100 * row["engine"]["median"] / c
             rows.append(row)
-    ps = peer_settings[threads[0]]
+    return rows
+
+
+def _settings(info: dict, gguf_path: Path, ps: dict, eng0) -> dict:
+    """What each side ran: llama-bench's command line and settings (``ps``), the engine's calls,
+    qtypes and kernels."""
     return {
-        "schema": SCHEMA, "peer": PEER, "rounds": rounds, "threads": threads, "rows": rows,
-        "limits": [lim[t] for t in threads], "weight_bytes_per_token": wbytes,
-        "files": {"checkpoint": str(ckpt), "vqf": str(vqf_path), "vqf_bytes": vqf_path.stat().st_size,
-                  "gguf": str(gguf_path), "gguf_bytes": gguf_path.stat().st_size},
-        "settings": {
-            "peer": {"command": " ".join(Path(a).name if i == 0 else a for i, a in
-                                         enumerate(llama_bench_cmd(info, gguf_path.name, "T"))),
-                     **{k: v for k, v in ps.items() if k not in ("n_threads",)}},
-            "engine": {"command": f"Qwen3Engine.from_vqf(…, threads=T); prefill {PROMPT_TOKENS} ids (last-token "
-                                  f"logits) ×{REPS}; {DECODE_TOKENS} greedy decode steps after it ×{REPS}",
-                       "weight_qtypes": sorted(set(eng0.weight_qtypes.values())),
-                       "kernels": eng0.kernel_paths(), "decode_context": f"positions {PROMPT_TOKENS}…"
-                                                                          f"{PROMPT_TOKENS + DECODE_TOKENS - 1}",
-                       "note": "llama-bench's -n test decodes from an empty context (positions 0…31); "
-                               "the engine's from after the 64-token prompt"},
-        },
-        "build": {k: info.get(k) for k in ("sdist", "sdist_sha256", "cmake_flags", "compiler", "seconds", "built_at")},
-        "machine": {"cpu": cpu_model(), "isa": isa_flags(), "cores": os.cpu_count(),
-                    "load_before": list(load_before), "load_after": list(os.getloadavg())},
-        "seconds": time.perf_counter() - t0,
+        "peer": {"command": " ".join(Path(a).name if i == 0 else a for i, a in
+                                     enumerate(llama_bench_cmd(info, gguf_path.name, "T"))),
+                 **{k: v for k, v in ps.items() if k not in ("n_threads",)}},
+        "engine": {"command": f"Qwen3Engine.from_vqf(…, threads=T); prefill {PROMPT_TOKENS} ids (last-token "
+                              f"logits) ×{REPS}; {DECODE_TOKENS} greedy decode steps after it ×{REPS}",
+                   "weight_qtypes": sorted(set(eng0.weight_qtypes.values())),
+                   "kernels": eng0.kernel_paths(), "decode_context": f"positions {PROMPT_TOKENS}…"
+                                                                      f"{PROMPT_TOKENS + DECODE_TOKENS - 1}",
+                   "note": "llama-bench's -n test decodes from an empty context (positions 0…31); "
+                           "the engine's from after the 64-token prompt"},
     }
 
 
@@ -429,7 +458,8 @@ def format_table(res: dict) -> str:
     for r in res["rows"]:
         p, e = r["peer"], r["engine"]
         pct = (f"{r['peer_pct_of_limit']:.0f} / {r['engine_pct_of_limit']:.0f} %" if "peer_pct_of_limit" in r else "")
-        label = f"{r['test']} {'64' if r['test'] == 'prefill' else '32'}, {r['threads']} thread{'s' if r['threads'] > 1 else ''}"
+        label = (f"{r['test']} {'64' if r['test'] == 'prefill' else '32'}, "
+                 f"{r['threads']} thread{'s' if r['threads'] > 1 else ''}")
         L.append(f"{label:22s}{p['median']:>9.1f} ({p['min']:.1f}–{p['max']:.1f})".ljust(44)
                  + f"{e['median']:>9.1f} ({e['min']:.1f}–{e['max']:.1f})".ljust(22)
                  + f"{r['ratio']:>8.2f}× ({r['low']:.2f}–{r['high']:.2f})".ljust(22) + f"{pct:>14s}")
@@ -439,20 +469,22 @@ def format_table(res: dict) -> str:
                  f"kernel {lim['kernel_gmacs']:.0f} GMAC/s on L1 data ({lim['kernel_weight_gbs']:.0f} GB/s of Q4_0) → "
                  f"{lim['compute_tok_s']:.1f} tok/s; {lim['binding']} binds")
     m = res["machine"]
-    L.append(f"CPU: {m['cpu']} ({m['cores']} CPUs); " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in m["isa"].items()))
+    L.append(f"CPU: {m['cpu']} ({m['cores']} CPUs); "
+             + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in m["isa"].items()))
     ps, es, b = res["settings"]["peer"], res["settings"]["engine"], res["build"]
     L.append(f"llama.cpp: {ps['command']}; model {ps.get('model_type')} {ps.get('model_size', 0) / 1e6:.1f} MB; "
              f"n_batch {ps.get('n_batch')}, n_ubatch {ps.get('n_ubatch')}, flash_attn {ps.get('flash_attn')}, "
              f"KV {ps.get('type_k')}/{ps.get('type_v')}, mmap {ps.get('use_mmap')}; build {ps.get('build_commit')}")
-    L.append(f"  built from {b['sdist']} (sha256 {str(b['sdist_sha256'])[:12]}…) with {' '.join(b['cmake_flags'] or [])}; "
-             f"{b['compiler']}; {b['seconds']} s")
+    L.append(f"  built from {b['sdist']} (sha256 {str(b['sdist_sha256'])[:12]}…) "
+             f"with {' '.join(b['cmake_flags'] or [])}; {b['compiler']}; {b['seconds']} s")
     kp = es["kernels"]
     mats = "; ".join(f"{lay}: matvec {k['one']}, matmul {k['many']}" for lay, k in (kp.get("matrices") or {}).items())
     L.append(f"Kestrel Lab: {es['command']}; weights {', '.join(es['weight_qtypes'])} "
              f"(split into {kp.get('q4_layout')} at load); {mats}; decode step {kp.get('decode_step')}")
     L.append(f"  note: {es['note']}")
     f = res["files"]
-    L.append(f"files: GGUF {f['gguf_bytes'] / 1e6:.1f} MB, VQF {f['vqf_bytes'] / 1e6:.1f} MB (checkpoint {Path(f['checkpoint']).name})")
+    L.append(f"files: GGUF {f['gguf_bytes'] / 1e6:.1f} MB, VQF {f['vqf_bytes'] / 1e6:.1f} MB "
+             f"(checkpoint {Path(f['checkpoint']).name})")
     L.append("load average (1/5/15 min) before: " + " / ".join(f"{v:.2f}" for v in m["load_before"])
              + "; after: " + " / ".join(f"{v:.2f}" for v in m["load_after"]))
     return "\n".join(L)

@@ -22,8 +22,8 @@ from kestrel_lab.vqf.encrypt import decrypt_file, encrypt_file, files_equal, ver
 def load_in_child(path, key_file) -> dict:
     """The engine loaded from ``path`` (with ``key_file`` for an encrypted file) in a fresh process:
     load seconds, the growth of its resident memory by kind, the argmax after a 3-token prefill."""
-    res = subprocess.run([sys.executable, "-m", "kestrel_lab.bench.protect", "load-child", str(path), str(key_file or "")],
-                         capture_output=True, text=True, check=True, env=child_env())
+    cmd = [sys.executable, "-m", "kestrel_lab.bench.protect", "load-child", str(path), str(key_file or "")]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=True, env=child_env())
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 

@@ -183,7 +183,10 @@ def torch_speed(path, dtype: str, threads: int, prompt_len: int = PROMPT_TOKENS,
            "q4_gate": ("mlp.gate_proj", c.intermediate_size), "q4_up": ("mlp.up_proj", c.intermediate_size),
            "q4_down": ("mlp.down_proj", c.hidden_size)}
     sd = {}
-    t = lambda a: torch.from_numpy(np.array(a, dtype=np.float32)).to(tdt)  # noqa: E731
+
+    def t(a):
+        return torch.from_numpy(np.array(a, dtype=np.float32)).to(tdt)
+
     emb = f.tensors["token_embed"]
     sd["model.embed_tokens.weight"] = t(emb.dequantize())
     sd["model.norm.weight"] = t(f.tensors["final_norm"].array()[0])
@@ -298,8 +301,8 @@ def run(config_path=None, quant: str = "q4_0", threads: list[int] | None = None,
         res["torch"] = {"skipped": "--no-torch"}
     else:
         try:
-            import torch  # noqa: F401
-            import transformers  # noqa: F401
+            import torch  # noqa: F401  (imported only to see whether it is installed)
+            import transformers  # noqa: F401  (imported only to see whether it is installed)
         except ImportError as e:
             res["torch"] = {"skipped": f"{e.name or 'torch'} is not installed (a board needs neither torch nor "
                                        f"transformers; `make ref-env` installs them)"}

@@ -4,10 +4,11 @@ One run, on one machine, every figure beside the others:
 
 - the engine's vision encode seconds for a 640×480 image (grid 1×30×40: 1,200 patches, 300 LLM
   tokens), each thread count in a fresh process whose BLAS and numba both get that many threads
-  (the tower's big products are BLAS sgemms, ``OPENBLAS_NUM_THREADS`` is read at start-up), at the Qwen3-VL-2B vision shapes (``data/configs/qwen3-vl-2b-instruct.config.json``: 24
-  blocks of width 1024, 3 DeepStack mergers) with deterministic random weights (``models.vqf``: the
-  block matrices Q8_0 as the article's file stores them, the rest F32; the text tower cut to one
-  layer and a small vocabulary, since it is not timed), at 1 thread and at all threads;
+  (the tower's big products are BLAS sgemms, ``OPENBLAS_NUM_THREADS`` is read at start-up), at the Qwen3-VL-2B
+  vision shapes (``data/configs/qwen3-vl-2b-instruct.config.json``: 24 blocks of width 1024, 3 DeepStack mergers)
+  with deterministic random weights (``models.vqf``: the block matrices Q8_0 as the article's file stores them,
+  the rest F32; the text tower cut to one layer and a small vocabulary, since it is not timed), at 1 thread and at
+  all threads;
 - the FLOPs of that encode (``VisionTower.flops``: linear layers and attention) and so the GFLOP/s;
 - numpy's f32 matmul GFLOP/s on the same machine (``roofline.matmul_gflops``), the compute roof;
 - transformers' ``Qwen3VLVisionModel`` in fp32 and bf16 on the same weights (dequantized from the
@@ -162,8 +163,8 @@ def run(config_path=None, threads: list[int] | None = None, with_torch: bool = T
         res["engine"][t].pop("embeds")
     if with_torch:
         try:
-            import torch  # noqa: F401
-            import transformers  # noqa: F401
+            import torch  # noqa: F401  (imported only to see whether it is installed)
+            import transformers  # noqa: F401  (imported only to see whether it is installed)
         except ImportError:
             res["torch"] = {"skipped": "torch/transformers not installed"}
         else:
@@ -197,10 +198,12 @@ def format_table(res: dict) -> str:
         if dt in tr:
             r = tr[dt]
             lines.append(f"PyTorch {dt}, {r['threads']} threads: {r['seconds']:.2f} s, "
-                         f"{e0['flops'] / r['seconds'] / 1e9:.1f} GFLOP/s → engine is {r['seconds'] / e0['seconds']:.2f}× "
-                         f"its speed; output differs from the engine's by {r['max_rel_diff_to_engine']:.1e} of its scale")
+                         f"{e0['flops'] / r['seconds'] / 1e9:.1f} GFLOP/s → engine is "
+                         f"{r['seconds'] / e0['seconds']:.2f}× its speed; output differs from the engine's by "
+                         f"{r['max_rel_diff_to_engine']:.1e} of its scale")
     if res.get("load_avg"):
-        lines.append("machine load average (1/5/15 min) at the end: " + " / ".join(f"{v:.2f}" for v in res["load_avg"]))
+        lines.append("machine load average (1/5/15 min) at the end: "
+                     + " / ".join(f"{v:.2f}" for v in res["load_avg"]))
     return "\n".join(lines)
 
 

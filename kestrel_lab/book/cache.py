@@ -10,7 +10,6 @@ notebook whose inputs changed, so the build re-executes exactly those. Taught in
 """
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
 from dataclasses import dataclass, field

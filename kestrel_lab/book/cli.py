@@ -56,8 +56,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help=f"seconds a notebook may run (default {DEFAULT_TIMEOUT_S})")
     rr.add_argument("--jobs", type=int, default=1,
                     help="notebooks at a time (default 1: measurements want a quiet machine)")
-    rr.add_argument("--cpus", help="pin the notebooks to these CPUs: big (the fastest cluster: an RK3588's A76), little, all, or a list such as 4-7; "
-                                   "sets NUMBA_NUM_THREADS to their count")
+    rr.add_argument("--cpus", help="pin the notebooks to these CPUs: big (the fastest cluster: an RK3588's A76), "
+                                   "little, all, or a list such as 4-7; sets NUMBA_NUM_THREADS to their count")
     rr.add_argument("--keep-going", action="store_true", help="run the other notebooks after a failure")
     rr.add_argument("--force", action="store_true", help="re-run notebooks already done in the run folder")
     rr.add_argument("--new-run", action="store_true", help="start a new run folder instead of resuming")
@@ -78,7 +78,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     ex = sub.add_parser("export-measurements", help="pack data/measurements/<runner>/ into a .tar.gz")
     ex.add_argument("--runner", required=True)
-    ex.add_argument("-o", "--output", type=Path, help="archive path (default: kestrel-measurements-<runner>-<time>.tar.gz)")
+    ex.add_argument("-o", "--output", type=Path,
+                    help="archive path (default: kestrel-measurements-<runner>-<time>.tar.gz)")
     ex.set_defaults(func=_export)
 
     db = sub.add_parser("dashboard", help="regenerate book/dashboard.md: every runner's figures and plots")

@@ -89,7 +89,9 @@ def wide_table(notebook: str, docs: list[dict]) -> tuple[list[str], list[list[st
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
-    esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
+    def esc(s):
+        return str(s).replace("|", "\\|")
+
     return ["| " + " | ".join(map(esc, header)) + " |", "|" + "---|" * len(header),
             *("| " + " | ".join(map(esc, r)) + " |" for r in rows)]
 
@@ -199,7 +201,6 @@ def render(root: Path | None = None, include_local: bool = False) -> str:
     """The whole page as MyST Markdown."""
     docs = collect(root, include_local)
     parts = _parts()
-    runners = runner_order(docs)
     out = [HEADER, "", "# 仪表盘：各 runner 的实测数字", "",
            "这一页把 `data/measurements/` 里**所有 runner** 记录的数字摆在一起：文章给出的 RK3588 板端数字"
            "（`article-*`）、板端重跑（如 `rk3588-a76`）、CI 机器的重跑（`ci-check`）。每个数字都由笔记本里的 "
@@ -210,10 +211,17 @@ def render(root: Path | None = None, include_local: bool = False) -> str:
     if not docs:
         out += ["目前还没有任何 runner 的记录。", ""]
         return "\n".join(out)
+    out += _runners_section(docs)
+    out += _rate_plot_section(docs)
+    out += _rerun_seconds_section(docs)
+    out += _notebooks_section(docs, parts)
+    return "\n".join(out).rstrip() + "\n"
 
-    out += ["## Runner 一览", ""]
+
+def _runners_section(docs: list[dict]) -> list[str]:
+    """「Runner 一览」: per runner its source, machines, notebooks, figures, dates and commits."""
     rows = []
-    for r in runners:
+    for r in runner_order(docs):
         mine = [d for d in docs if d["provenance"]["runner"] == r]
         n_meas = sum(f["status"] in ("measured", "article") for d in mine for f in d["figures"])
         n_nm = sum(f["status"] == "not_measured" for d in mine for f in d["figures"])
@@ -223,45 +231,57 @@ def render(root: Path | None = None, include_local: bool = False) -> str:
         src = ("文章" if mine[0]["source"] == "article" else
                "模拟重跑（qemu，速度不可比）" if any(measure.is_emulated(d) for d in mine) else "重跑")
         span = dates[0] if dates[0] == dates[-1] else f"{dates[0]} – {dates[-1]}"
-        rows.append([f"`{r}`", src, _machines_of(mine), str(len(mine)),
-                     f"{n_meas}" + "".join(f"（另有 {n} 个{what}）" for n, what in ((n_comp, "计算"), (n_nm, "未测")) if n),
+        others = "".join(f"（另有 {n} 个{what}）" for n, what in ((n_comp, "计算"), (n_nm, "未测")) if n)
+        rows.append([f"`{r}`", src, _machines_of(mine), str(len(mine)), f"{n_meas}" + others,
                      span, ", ".join(commits)])
-    out += _md_table(["runner", "来源", "机器", "笔记本", "数字", "日期", "commit"], rows) + [""]
+    return (["## Runner 一览", ""]
+            + _md_table(["runner", "来源", "机器", "笔记本", "数字", "日期", "commit"], rows) + [""])
 
+
+def _rate_plot_section(docs: list[dict]) -> list[str]:
+    """「吞吐对照图」: the measured rates of every runner side by side (``rate_plot_svg``)."""
     svg = rate_plot_svg(docs)
-    out += ["## 吞吐对照图", ""]
-    if svg:
-        n_all = len({r[0] for r in rate_rows(docs)})
-        n_shown = len(plotted_labels(rate_rows(docs)))
-        more = (f"共有 {n_all} 个这样的数字，图里画了 {n_shown} 个（多个 runner 都测过的优先），全部数值见下面各表。"
-                if n_shown < n_all else "")
-        out += ["凡是单位以 `/s` 结尾的实测数字（GB/s、tok/s、GFLOP/s……；由公式算出的「计算」数字不算）都画在这里：同一个数字的各 runner "
-                "并排，横轴取对数，因为不同数字的量级差得很远。" + more, "", "```{raw} html", svg.strip(), "```", ""]
-    else:
-        out += ["还没有 runner 记录过吞吐类（单位以 `/s` 结尾）的数字。", ""]
+    out = ["## 吞吐对照图", ""]
+    if not svg:
+        return out + ["还没有 runner 记录过吞吐类（单位以 `/s` 结尾）的数字。", ""]
+    n_all = len({r[0] for r in rate_rows(docs)})
+    n_shown = len(plotted_labels(rate_rows(docs)))
+    more = (f"共有 {n_all} 个这样的数字，图里画了 {n_shown} 个（多个 runner 都测过的优先），全部数值见下面各表。"
+            if n_shown < n_all else "")
+    return out + ["凡是单位以 `/s` 结尾的实测数字（GB/s、tok/s、GFLOP/s……；由公式算出的「计算」数字不算）"
+                  "都画在这里：同一个数字的各 runner 并排，横轴取对数，因为不同数字的量级差得很远。" + more,
+                  "", "```{raw} html", svg.strip(), "```", ""]
 
+
+def _rerun_seconds_section(docs: list[dict]) -> list[str]:
+    """「重跑耗时」: each notebook's seconds per runner as ``kestrel-lab rerun`` recorded them (not emulated)."""
     timed = [d for d in docs if (d["provenance"].get("rerun") or {}).get("seconds") is not None
              and not measure.is_emulated(d)]
-    if timed:
-        t_runners = runner_order(timed)
-        nbs = sorted({d["notebook"] for d in timed})
-        secs = {(d["notebook"], d["provenance"]["runner"]): d["provenance"]["rerun"]["seconds"] for d in timed}
-        modes = {(d["notebook"], d["provenance"]["runner"]):
-                 "quick" if (d["provenance"].get("parameters") or {}).get("quick", True) else "full" for d in timed}
-        rows = [[nb, *[f"{secs[(nb, r)]:.1f}（{modes[(nb, r)]}）" if (nb, r) in secs else "—" for r in t_runners]]
-                for nb in nbs]
-        rows.append(["合计", *[f"{sum(v for (n, rr), v in secs.items() if rr == r):.0f}" for r in t_runners]])
-        out += ["## 重跑耗时", "",
-                "`kestrel-lab rerun` 发布数字时，把这篇笔记本的执行秒数（含内核启动、导入与 numba 编译）记进来历的 "
-                "`rerun` 字段。括号里是模式：quick 是默认参数，full 是 `-p quick false`。", ""]
-        out += _md_table(["notebook", *t_runners], rows) + [""]
+    if not timed:
+        return []
+    t_runners = runner_order(timed)
+    nbs = sorted({d["notebook"] for d in timed})
+    secs = {(d["notebook"], d["provenance"]["runner"]): d["provenance"]["rerun"]["seconds"] for d in timed}
+    modes = {(d["notebook"], d["provenance"]["runner"]):
+             "quick" if (d["provenance"].get("parameters") or {}).get("quick", True) else "full" for d in timed}
+    rows = [[nb, *[f"{secs[(nb, r)]:.1f}（{modes[(nb, r)]}）" if (nb, r) in secs else "—" for r in t_runners]]
+            for nb in nbs]
+    rows.append(["合计", *[f"{sum(v for (n, rr), v in secs.items() if rr == r):.0f}" for r in t_runners]])
+    out = ["## 重跑耗时", "",
+           "`kestrel-lab rerun` 发布数字时，把这篇笔记本的执行秒数（含内核启动、导入与 numba 编译）记进来历的 "
+           "`rerun` 字段。括号里是模式：quick 是默认参数，full 是 `-p quick false`。", ""]
+    return out + _md_table(["notebook", *t_runners], rows) + [""]
 
-    out += ["## 按笔记本", "",
-            "每张表一行一个数字、一列一个 runner。「未测」表示该 runner 缺少输入文件（例如 2 GB 的真实模型），"
-            "原因写在笔记本的对照表里；「—」表示该 runner 没有记录这个数字；「（计算）」表示这个数字是由配置或公式算出来的，"
-            f"不是测量（不进上面的吞吐对照图）；「{EMULATED_MARK}」表示在模拟的 arm64 上（`make board-smoke`，qemu）测的时间或吞吐，"
-            "只说明这条路能走通，不代表任何板子的速度，也不进吞吐对照图和重跑耗时表；⚠ 表示这个数字是用比笔记本当前版本"
-            "更旧的 commit 测的，需要重跑。", ""]
+
+def _notebooks_section(docs: list[dict], parts: dict) -> list[str]:
+    """「按笔记本」: one table per notebook (``wide_table``), then where each runner's column comes from."""
+    out = ["## 按笔记本", "",
+           "每张表一行一个数字、一列一个 runner。「未测」表示该 runner 缺少输入文件（例如 2 GB 的真实模型），"
+           "原因写在笔记本的对照表里；「—」表示该 runner 没有记录这个数字；"
+           "「（计算）」表示这个数字是由配置或公式算出来的，"
+           f"不是测量（不进上面的吞吐对照图）；「{EMULATED_MARK}」表示在模拟的 arm64 上（`make board-smoke`，qemu）"
+           "测的时间或吞吐，只说明这条路能走通，不代表任何板子的速度，也不进吞吐对照图和重跑耗时表；"
+           "⚠ 表示这个数字是用比笔记本当前版本更旧的 commit 测的，需要重跑。", ""]
     by_nb = defaultdict(list)
     for d in docs:
         by_nb[d["notebook"]].append(d)
@@ -281,7 +301,7 @@ def render(root: Path | None = None, include_local: bool = False) -> str:
             mode = "" if d["source"] == "article" else (" · quick" if params.get("quick", True) else " · full")
             notes.append(f"`{d['provenance']['runner']}` {d['provenance']['date'][:10]} · {how}{mode}")
         out += ["；".join(notes), ""]
-    return "\n".join(out).rstrip() + "\n"
+    return out
 
 
 def write(root: Path | None = None, include_local: bool = False,

@@ -112,6 +112,27 @@ class Executor:
                 "cpus": self.cpus, "result": str(result_file)}
         spec_file = run / f".{notebook}.spec.json"
         write_json(spec_file, spec)
+        env = self._worker_env(stage)
+        t0 = time.monotonic()
+        if self.stopping:
+            return Result(notebook, "interrupted", 0.0, error="stopped by Ctrl-C")
+        proc, status, error = self._wait_for_worker(spec_file, log, env)
+        seconds = time.monotonic() - t0
+        if status is None:
+            status, error = self._outcome(proc, result_file, log)
+        result = Result(notebook, status, round(seconds, 1), error=error,
+                        output=out.name if out.exists() else None,
+                        finished=utc_now())
+        if status == OK:
+            self._publish_figures(result, notebook, stage)
+        for f in (spec_file, result_file):
+            with contextlib.suppress(FileNotFoundError):
+                f.unlink()
+        return result
+
+    def _worker_env(self, stage: Path) -> dict[str, str]:
+        """The worker's environment: the staging folder for the Recorder, the inline plot backend, and
+        with ``cpus`` the CPUs and thread counts the notebook's engine and BLAS use."""
         env = dict(os.environ)
         env[measure.STAGE_ENV] = str(stage)
         env.pop("MPLBACKEND", None)  # the kernel then uses the inline backend: figures land in the output
@@ -124,10 +145,13 @@ class Executor:
             env["NUMBA_NUM_THREADS"] = str(len(self.cpus))
             env.setdefault("OMP_NUM_THREADS", str(len(self.cpus)))
             env.setdefault("OPENBLAS_NUM_THREADS", str(len(self.cpus)))
-        t0 = time.monotonic()
+        return env
+
+    def _wait_for_worker(self, spec_file: Path, log: Path,
+                         env: dict[str, str]) -> tuple[subprocess.Popen, str | None, str | None]:
+        """Start the worker in its own session, its output into ``log``, and wait for it: (the process,
+        "timeout" and why when it overran and was stopped, else None and None)."""
         status = error = None
-        if self.stopping:
-            return Result(notebook, "interrupted", 0.0, error="stopped by Ctrl-C")
         with open(log, "wb") as logf:
             proc = subprocess.Popen([sys.executable, "-m", WORKER, "--worker", str(spec_file)],
                                     stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -145,47 +169,44 @@ class Executor:
             finally:
                 with self.lock:
                     self.procs.discard(proc)
-        seconds = time.monotonic() - t0
-        if status is None:
-            if self.stopping:
-                status, error = "interrupted", "stopped by Ctrl-C"
-            else:
-                try:
-                    res = json.loads(result_file.read_text(encoding="utf-8"))
-                    status, error = res["status"], res.get("error")
-                except (OSError, ValueError, KeyError):
-                    status = "crashed"
-                    error = f"worker exited with code {proc.returncode} without a result; see {log.name}"
-        result = Result(notebook, status, round(seconds, 1), error=error,
-                        output=out.name if out.exists() else None,
-                        finished=utc_now())
+        return proc, status, error
+
+    def _outcome(self, proc: subprocess.Popen, result_file: Path, log: Path) -> tuple[str, str | None]:
+        """The status and error of a worker that ended in time: interrupted by Ctrl-C, what it wrote into
+        ``result_file``, or crashed when it wrote nothing readable."""
+        if self.stopping:
+            return "interrupted", "stopped by Ctrl-C"
+        try:
+            res = json.loads(result_file.read_text(encoding="utf-8"))
+            return res["status"], res.get("error")
+        except (OSError, ValueError, KeyError):
+            return "crashed", f"worker exited with code {proc.returncode} without a result; see {log.name}"
+
+    def _publish_figures(self, result: Result, notebook: str, stage: Path) -> None:
+        """After a notebook ran through: publish the figures it staged (unless the tree became dirty), and
+        note any it saved under another runner or notebook id. Failures go into ``result``."""
         staged = stage / self.runner / f"{notebook}.json"
         extra = sorted(p.relative_to(stage).as_posix() for p in stage.rglob("*.json") if p != staged)
-        if status == OK:
-            dirty = None if self.allow_dirty else machine.dirty_files(self.repo)
-            if staged.exists() and dirty:  # the tree changed while the notebook ran
-                result.status, result.error = "failed", ("its figures were not published: "
-                                                         + dirty_refusal(dirty, self.repo))
-            elif staged.exists():
-                try:
-                    doc = measure.load_file(staged)
-                    info = {"seconds": result.seconds, "run": self.folder.path.name, "timeout": self.timeout,
-                            "cpus": self.cpus, "jobs": self.folder.state.get("jobs", 1)}
-                    if self.allow_dirty:
-                        info["allow_dirty"] = True
-                    publish(staged, self.runner, notebook, self.root, rerun_info=info,
-                            allow_dirty=self.allow_dirty)
-                    result.figures, result.not_measured = _count(doc)
-                except (OSError, ValueError) as e:
-                    result.status, result.error = "failed", f"its figures were not published: {e}"
-            if extra:
-                note = (f"ignored figures saved under another runner or notebook id: {', '.join(extra)} "
-                        f"(a Recorder that does not use the injected `runner` parameter?)")
-                result.error = f"{result.error}; {note}" if result.error else note
-        for f in (spec_file, result_file):
-            with contextlib.suppress(FileNotFoundError):
-                f.unlink()
-        return result
+        dirty = None if self.allow_dirty else machine.dirty_files(self.repo)
+        if staged.exists() and dirty:  # the tree changed while the notebook ran
+            result.status, result.error = "failed", ("its figures were not published: "
+                                                     + dirty_refusal(dirty, self.repo))
+        elif staged.exists():
+            try:
+                doc = measure.load_file(staged)
+                info = {"seconds": result.seconds, "run": self.folder.path.name, "timeout": self.timeout,
+                        "cpus": self.cpus, "jobs": self.folder.state.get("jobs", 1)}
+                if self.allow_dirty:
+                    info["allow_dirty"] = True
+                publish(staged, self.runner, notebook, self.root, rerun_info=info,
+                        allow_dirty=self.allow_dirty)
+                result.figures, result.not_measured = _count(doc)
+            except (OSError, ValueError) as e:
+                result.status, result.error = "failed", f"its figures were not published: {e}"
+        if extra:
+            note = (f"ignored figures saved under another runner or notebook id: {', '.join(extra)} "
+                    f"(a Recorder that does not use the injected `runner` parameter?)")
+            result.error = f"{result.error}; {note}" if result.error else note
 
 
 def interrupt_on_term():

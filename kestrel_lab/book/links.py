@@ -123,7 +123,10 @@ def mentions(text: str) -> list[Mention]:
     spans = []  # code spans: an id-only span is a mention, any other is skipped
     for m in _CODE_SPAN.finditer(masked):
         spans.append((m.start(), m.end(), m.group(2)))
-    in_span = lambda i: next((s for s in spans if s[0] <= i < s[1]), None)  # noqa: E731
+
+    def in_span(i):
+        return next((s for s in spans if s[0] <= i < s[1]), None)
+
     for m in _MENTION.finditer(masked):
         span = in_span(m.start())
         code = False

@@ -77,6 +77,29 @@ def rerun(runner: str, notebooks: dict[str, Path], *, params: dict | None = None
     if dirty and not allow_dirty:
         raise RunnerError(dirty_refusal(dirty, repo))
     settings = {"timeout": timeout, "cpus": cpus, "jobs": jobs, "allow_dirty": bool(allow_dirty)}
+    folder, how = _open_folder(runner, params, settings, run_dir, runs_root, new_run)
+
+    todo = [nb for nb in notebooks if force or not folder.done(nb)]
+    skipped = [nb for nb in notebooks if nb not in todo]
+    _print_plan(folder, how, runner, todo, skipped, settings, out)
+    _print_warnings(dirty, params, notebooks, out)
+
+    results: dict[str, Result] = {nb: folder.result(nb) for nb in skipped}
+    ex = Executor(folder, runner, params, timeout=timeout, cpus=cpus,
+                   measurements_root=measurements_root, kernel=kernel, allow_dirty=allow_dirty, repo=repo)
+    interrupted = _execute(ex, folder, notebooks, todo, results, jobs=jobs, keep_going=keep_going, out=out)
+    ordered = _finish(folder, notebooks, results, interrupted)
+    print(summary_table(ordered, runner), file=out)
+    if interrupted:
+        raise KeyboardInterrupt
+    return ordered, folder
+
+
+def _open_folder(runner: str, params: dict, settings: dict, run_dir: Path | None, runs_root: Path | None,
+                 new_run: bool) -> tuple[RunFolder, str]:
+    """The run folder — ``run_dir``, else the runner's latest unfinished one with the same parameters under
+    ``runs_root`` unless ``new_run`` — with ``settings`` and the machine's fingerprint recorded, saved; and
+    how it came to be (new, resumed, …)."""
     if run_dir is not None:
         run_dir = Path(run_dir)
         if (run_dir / STATE_FILE).exists():
@@ -93,12 +116,20 @@ def rerun(runner: str, notebooks: dict[str, Path], *, params: dict | None = None
     if "machine" not in folder.state:
         folder.state["machine"] = machine.fingerprint()
     folder.save()
+    return folder, how
 
-    todo = [nb for nb in notebooks if force or not folder.done(nb)]
-    skipped = [nb for nb in notebooks if nb not in todo]
-    pin = f", pinned to CPUs {cpus}" if cpus else ""
+
+def _print_plan(folder: RunFolder, how: str, runner: str, todo: list[str], skipped: list[str], settings: dict,
+                out) -> None:
+    """The run's first line: the folder, the runner, what runs and what is already done, the limits."""
+    pin = f", pinned to CPUs {settings['cpus']}" if settings["cpus"] else ""
     print(f"run folder {folder.path} ({how}); runner {runner}; {len(todo)} to run, {len(skipped)} "
-          f"already done there; timeout {timeout:g} s per notebook; {jobs} at a time{pin}", file=out)
+          f"already done there; timeout {settings['timeout']:g} s per notebook; {settings['jobs']} at a time{pin}",
+          file=out)
+
+
+def _print_warnings(dirty: list[str] | None, params: dict, notebooks: dict[str, Path], out) -> None:
+    """Warn of a checkout git cannot name, of ``--allow-dirty``, and of parameters no notebook declares."""
     if dirty is None:
         print("warning: not a git checkout: the figures' provenance cannot name a commit", file=out)
     elif dirty:
@@ -112,9 +143,12 @@ def rerun(runner: str, notebooks: dict[str, Path], *, params: dict | None = None
             print(f"warning: no selected notebook has a parameter named {', '.join(unknown)} "
                   f"(a typo?); papermill passes it anyway", file=out)
 
-    results: dict[str, Result] = {nb: folder.result(nb) for nb in skipped}
-    ex = Executor(folder, runner, params, timeout=timeout, cpus=cpus,
-                   measurements_root=measurements_root, kernel=kernel, allow_dirty=allow_dirty, repo=repo)
+
+def _execute(ex: Executor, folder: RunFolder, notebooks: dict[str, Path], todo: list[str],
+             results: dict[str, Result], *, jobs: int, keep_going: bool, out) -> bool:
+    """Run ``todo``, ``jobs`` at a time (none started after a failure unless ``keep_going``), each result
+    recorded in ``results`` and the run folder as it comes. True when Ctrl-C (or SIGTERM) stopped the run:
+    the notebooks still running are stopped and recorded as interrupted."""
     pending = list(todo)
     running: dict[Future, str] = {}
     failed = False
@@ -153,6 +187,13 @@ def rerun(runner: str, notebooks: dict[str, Path], *, params: dict | None = None
                     folder.record(res)
         finally:
             restore()
+    return interrupted
+
+
+def _finish(folder: RunFolder, notebooks: dict[str, Path], results: dict[str, Result],
+            interrupted: bool) -> list[Result]:
+    """Every notebook's result in order (those never started marked "not run"); the run folder records
+    whether the whole selection is done and when the run finished."""
     for nb in notebooks:
         results.setdefault(nb, Result(nb, "not run", error="interrupted" if interrupted else
                                       "skipped after a failure (use --keep-going)"))
@@ -161,7 +202,4 @@ def rerun(runner: str, notebooks: dict[str, Path], *, params: dict | None = None
         r.status == OK for r in ordered)
     folder.state["finished"] = utc_now()
     folder.save()
-    print(summary_table(ordered, runner), file=out)
-    if interrupted:
-        raise KeyboardInterrupt
-    return ordered, folder
+    return ordered

@@ -58,7 +58,7 @@ def run_worker(spec_file: str) -> int:
                                                     f"{spec['timeout']:g} s ({_first_line(str(e))})"}
         except nbclient.exceptions.DeadKernelError as e:
             result = {"status": "crashed", "error": f"the kernel died (out of memory?): {_first_line(str(e))}"}
-        except Exception as e:  # noqa: BLE001 - any other failure is reported, with its type
+        except Exception as e:  # any other failure is reported, with its type
             result = {"status": "failed", "error": f"{type(e).__name__}: {_first_line(str(e))}"}
     finally:
         with contextlib.suppress(Exception):

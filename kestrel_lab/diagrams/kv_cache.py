@@ -86,8 +86,8 @@ def draw_kv_layout(cache, max_rows: int = 12, huge_page: int = HUGE_PAGE, name: 
     n_rows = min(max_rows, layers * heads)
     rows = [(r // heads, r % heads) for r in range(n_rows)]
     pos = np.arange(ctx)
-    grid = np.array([(lay.start_in_page + l * lay.strides[0] + h * lay.strides[1] + pos * lay.strides[2])
-                     // huge_page for l, h in rows])
+    grid = np.array([(lay.start_in_page + layer * lay.strides[0] + h * lay.strides[1] + pos * lay.strides[2])
+                     // huge_page for layer, h in rows])
 
     fig, (ax_t, ax) = plt.subplots(1, 2, figsize=(12, 0.42 * n_rows + 2.4), gridspec_kw=dict(width_ratios=[1, 2.4]))
     ax_t.axis("off")
@@ -123,7 +123,7 @@ def draw_kv_layout(cache, max_rows: int = 12, huge_page: int = HUGE_PAGE, name: 
     for r in range(1, n_rows):
         ax.axhline(r - 0.5, color="white", lw=0.6)
     ax.set_yticks(range(n_rows))
-    ax.set_yticklabels([f"层 {l} · 头 {h}" for l, h in rows], fontsize=8)
+    ax.set_yticklabels([f"层 {layer} · 头 {h}" for layer, h in rows], fontsize=8)
     ax.set_xlim(-0.5, ctx - 0.5)
     ax.set_xlabel(f"位置 pos（每个位置 {lay.position_bytes} B；黑线：{mib:g} MiB 大页的边界）")
     ax.set_ylabel("(层, KV 头) 行，按内存顺序")

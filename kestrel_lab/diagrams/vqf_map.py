@@ -111,8 +111,8 @@ def draw_vqf_map(fp, zoom_bytes: int = ZOOM_BYTES, title: str | None = None):
     ax_zoom.set_ylim(0, 1)
     ax_zoom.set_yticks([])
     ax_zoom.set_xlabel("文件偏移（字节）")
-    ax_zoom.set_title(f"放大前 {zoom_bytes:,} 字节：头部 | 签名块 | 目录（{len(fp.entries)} × 64 B） | 填充 | 第一个张量",
-                      fontsize=10)
+    ax_zoom.set_title(f"放大前 {zoom_bytes:,} 字节：头部 | 签名块 | 目录（{len(fp.entries)} × 64 B） | 填充 | "
+                      "第一个张量", fontsize=10)
 
     qtypes = sorted({r.qtype for r in regs if r.kind == "tensor"})
     handles = [Patch(color=REGION_COLOURS[k], label=REGION_LABELS[k])

@@ -204,7 +204,8 @@ def encode_messages(tokenizer, messages: Sequence[dict], *, add_generation_promp
             and all(set(m) <= {"role", "content"} for m in messages):
         text = mine(list(messages), add_generation_prompt=add_generation_prompt)
     else:
-        text = template_for(arch)(messages, add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking)
+        text = template_for(arch)(messages, add_generation_prompt=add_generation_prompt,
+                                  enable_thinking=enable_thinking)
     return list(tokenizer.encode(text, allow_special=True))
 
 

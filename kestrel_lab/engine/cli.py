@@ -89,12 +89,20 @@ def _add_cpus(p: argparse.ArgumentParser) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``generate``, ``chat``, ``bench`` and ``golden`` to ``kestrel-lab``. Taught in day13_1."""
+    _register_generate(sub)
+    _register_chat(sub)
+    _register_bench(sub)
+    _register_golden(sub)
+
+
+def _register_generate(sub: argparse._SubParsersAction) -> None:
     g = sub.add_parser("generate", help="complete a prompt with a VQF model, streaming the text",
                        description="Complete a prompt with the numba engine. The continuation goes to "
                                    "stdout, the statistics line to stderr.")
     _add_common(g, max_new=256, temperature=0.0)
     src = g.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help=r"the prompt; \n, \t, \r and \\ are read as escapes (real newlines work too)")
+    src.add_argument("--prompt",
+                     help=r"the prompt; \n, \t, \r and \\ are read as escapes (real newlines work too)")
     src.add_argument("--prompt-file", metavar="FILE", help="read the prompt from a UTF-8 file, as it is")
     mode = g.add_mutually_exclusive_group()
     mode.add_argument("--raw", dest="chat", action="store_false",
@@ -111,6 +119,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_image_size(g)
     g.set_defaults(func=_generate, chat=None, think=True)
 
+
+def _register_chat(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("chat", help="interactive multi-turn chat (empty line or Ctrl-D quits)",
                        description="Chat with a VQF model. Type after '你> '; an empty line or Ctrl-D quits; "
                                    "/reset forgets the conversation; with a Qwen3-VL model /image PATH attaches "
@@ -124,6 +134,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_image_size(c)
     c.set_defaults(func=_chat, think=True)
 
+
+def _register_bench(sub: argparse._SubParsersAction) -> None:
     from kestrel_lab.bench.speed import DECODE_TOKENS, DEFAULT_CONFIG
     from kestrel_lab.bench.peer import PEERS
 
@@ -132,14 +144,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--quant", default="q4_0", choices=["q4_0", "q4_8x8l", "q8_0", "f16"],
                    help="weight format of the random model (default q4_0)")
     _add_cpus(b)
-    b.add_argument("--threads", default=None, help="comma-separated thread counts (default: 1 and one per CPU of --cpus)")
+    b.add_argument("--threads", default=None,
+                   help="comma-separated thread counts (default: 1 and one per CPU of --cpus)")
     b.add_argument("--decode-tokens", type=int, default=DECODE_TOKENS, help="decode steps timed (default 32)")
     b.add_argument("--torch", dest="torch", action=argparse.BooleanOptionalAction, default=True,
                    help="also time transformers fp32 and bf16 (default: when installed; skipped, saying so, when not)")
     b.add_argument("--json", action="store_true", help="print the result as JSON")
     b.add_argument("--record", metavar="RUNNER",
-                   help="record RUNNER's figures by running the notebook that owns them through `kestrel-lab rerun`: "
-                        "day29_1 (with --peer: -p run_peer true), day20_2 with --vision, day22_3 for a Qwen3-MoE config")
+                   help="record RUNNER's figures by running the notebook that owns them through "
+                        "`kestrel-lab rerun`: day29_1 (with --peer: -p run_peer true), day20_2 with --vision, "
+                        "day22_3 for a Qwen3-MoE config")
     b.add_argument("--peer", choices=PEERS, default=None,
                    help="run beside a peer engine built by `make peers` on the same checkpoint: interleaved rounds, "
                         "medians, ratios, the bandwidth and compute limits")
@@ -151,7 +165,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "exact expert paging")
     b.add_argument("--dense-twin", metavar="CONFIG", nargs="?", default=None, const="",
                    help="a Qwen3-MoE config: also decode a dense model with about as many active parameters at the "
-                        "same layers (default data/configs/qwen3-4b.config.json) and compare with what the bytes predict")
+                        "same layers (default data/configs/qwen3-4b.config.json) and compare with what the bytes "
+                        "predict")
     b.add_argument("--rounds", type=int, default=None, metavar="N",
                    help="interleaved rounds: of each thread count with --peer (default 3); of the --memory-limit "
                         "and --dense-twin runs, taken in turn (default 1)")
@@ -162,6 +177,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(--config: a Qwen3-VL config.json), against PyTorch fp32/bf16 on the same weights")
     b.set_defaults(func=_bench)
 
+
+def _register_golden(sub: argparse._SubParsersAction) -> None:
     golden = sub.add_parser("golden", help="golden files: the token ids each quantization must produce")
     golden_sub = golden.add_subparsers(dest="golden_command", metavar="ACTION", required=True)
     for action, what in (("check", "replay the committed golden file and report mismatches"),
@@ -393,8 +410,8 @@ def _chat(args) -> int:
 
 def _record_notebook(args) -> tuple[str, dict]:
     """The notebook that owns the figures ``bench --record`` asks for, and its papermill parameters:
-    day29_1 (with ``--peer``: ``run_peer``, ``rounds`` and ``peer_threads``), day20_2 with ``--vision``, day22_3 for a Qwen3-MoE config.
-    Each figure file has one writer: the notebook."""
+    day29_1 (with ``--peer``: ``run_peer``, ``rounds`` and ``peer_threads``), day20_2 with ``--vision``,
+    day22_3 for a Qwen3-MoE config. Each figure file has one writer: the notebook."""
     if args.vision:
         return "day20_2", {}
     if args.config:
@@ -426,7 +443,8 @@ def _bench_peer(args, threads, log) -> int:
     from kestrel_lab.bench import peer
 
     if args.vision or args.key_file or args.layers is not None or args.quant != "q4_0":
-        print("--peer compares the dense Q4_0 model only (no --vision, --layers, --key-file or --quant)", file=sys.stderr)
+        print("--peer compares the dense Q4_0 model only (no --vision, --layers, --key-file or --quant)",
+              file=sys.stderr)
         return 2
     if peer.find() is None:
         print(f"bench --peer {args.peer}: {peer.HINT}", file=sys.stderr)
@@ -512,7 +530,8 @@ def _golden_check(args) -> int:
         print(f"{r.quant:5} {'ok' if r.ok else 'FAIL':4} {r.steps} steps, {len(r.failures)} mismatches "
               f"(+{tolerated} within the margin threshold {r.threshold:g})")
         for m in r.failures:
-            print(f"      case {m.case} step {m.step}: golden {m.golden_id} (margin {m.golden_margin:.3f}), got {m.got_id}")
+            print(f"      case {m.case} step {m.step}: golden {m.golden_id} (margin {m.golden_margin:.3f}), "
+                  f"got {m.got_id}")
         bad += not r.ok
     return 1 if bad else 0
 

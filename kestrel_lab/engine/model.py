@@ -184,7 +184,8 @@ class Qwen3Engine:
         small = ("final_norm", "attn_norm", "ffn_norm", "q_norm", "k_norm", "q_bias", "k_bias", "v_bias")
         for name in (n for n in small if n in specs):
             if tensors[name].qtype != Q.F32.id:
-                raise ValueError(f"{source}: tensor {name!r} has qtype {Q.qtype(tensors[name].qtype).name}, expected F32")
+                raise ValueError(f"{source}: tensor {name!r} has qtype {Q.qtype(tensors[name].qtype).name}, "
+                                 "expected F32")
         if tensors["token_embed"].qtype not in (Q.F32.id, Q.F16.id):
             raise ValueError(f"{source}: tensor 'token_embed' has qtype "
                              f"{Q.qtype(tensors['token_embed'].qtype).name}, expected F16 or F32")
@@ -526,7 +527,8 @@ class Qwen3Engine:
         bad = (arr < 0) | (arr >= self.config.vocab_size)
         if bad.any():
             i = int(np.argmax(bad))
-            raise ValueError(f"token id {int(arr[i])} at index {i} is outside the vocabulary [0, {self.config.vocab_size})")
+            raise ValueError(f"token id {int(arr[i])} at index {i} is outside the vocabulary "
+                             f"[0, {self.config.vocab_size})")
         self.cache.check_room(arr.size)
         return arr
 
@@ -544,7 +546,8 @@ class Qwen3Engine:
             n = int(mask.sum())
             if mask.shape != ids.shape:
                 raise ValueError(f"images.mask has shape {mask.shape}, the ids {ids.shape}")
-            for what, a in [("embeds", images.embeds), *((f"deepstack[{i}]", d) for i, d in enumerate(images.deepstack))]:
+            for what, a in [("embeds", images.embeds),
+                            *((f"deepstack[{i}]", d) for i, d in enumerate(images.deepstack))]:
                 if np.shape(a) != (n, c.hidden_size):
                     raise ValueError(f"images.{what} has shape {np.shape(a)}, expected ({n}, {c.hidden_size}): "
                                      f"one row per image token of the prompt")
@@ -582,7 +585,8 @@ class Qwen3Engine:
             return out
         return np.array(self.embed[ids], dtype=np.float32)
 
-    def _forward(self, ids: np.ndarray, last_only: bool, positions=None, images: ImageEmbeds | None = None) -> np.ndarray:
+    def _forward(self, ids: np.ndarray, last_only: bool, positions=None,
+                 images: ImageEmbeds | None = None) -> np.ndarray:
         if self._ops is not None:                  # the student's pieces are in this engine (``engine.pieces``)
             with numba_threads(self.threads):
                 return P.forward(self, self._ops, ids, last_only, positions, images)

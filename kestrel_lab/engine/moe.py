@@ -296,4 +296,5 @@ def active_params(config) -> dict[str, int]:
     return out
 
 
-__all__ = ["softmax_f32", "route", "group", "Groups", "ExpertStack", "MoELayer", "active_bytes", "active_params", "advise", "PAGING"]
+__all__ = ["softmax_f32", "route", "group", "Groups", "ExpertStack", "MoELayer", "active_bytes", "active_params",
+           "advise", "PAGING"]

@@ -53,7 +53,10 @@ def reference_logits(config: ModelConfig, tensors, ids) -> np.ndarray:
     ids = np.asarray(ids, dtype=np.int64)
     T, H, KVH, D, L = ids.size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.num_hidden_layers
     eps = c.rms_norm_eps
-    f32 = lambda n: tensors[n].data.view("<f4").reshape(tensors[n].rows, tensors[n].cols)  # noqa: E731
+
+    def f32(n):
+        return tensors[n].data.view("<f4").reshape(tensors[n].rows, tensors[n].cols)
+
     emb = tensors["token_embed"]
     table = emb.data.view("<f4" if emb.qtype == Q.F32.id else "<f2").reshape(emb.rows, emb.cols)
     h = table[ids].astype(np.float32)

@@ -70,8 +70,8 @@ where it lets LLVM reorder float sums; the F32 path then still matches PyTorch w
 All kernels use ``cache=True`` (the cache lives in ``NUMBA_CACHE_DIR``, set by ``import kestrel_lab``):
 the first run compiles for tens of seconds, later processes load machine code in milliseconds.
 Taught in day03_1–3 (matvec, numba), day05_1–3 (int8 and Q4×Q8 dots, activation quantization),
-day06_1–3 and day07_1–3 (SIMD, layouts — rows as lanes in day07_1 —, threads), day08_1–3 (RMSNorm, SwiGLU, softmax), day23_2
-(prefill as a matmul).
+day06_1–3 and day07_1–3 (SIMD, layouts — rows as lanes in day07_1 —, threads), day08_1–3 (RMSNorm, SwiGLU,
+softmax), day23_2 (prefill as a matmul).
 """
 from __future__ import annotations
 
@@ -318,7 +318,8 @@ def matvec_q4_0_naive(w, xq, xd, lut, out, nchunk):
                 isum = np.int32(0)
                 for j in range(16):
                     v = np.int32(row[o + 2 + j])
-                    isum += ((v & 15) - 8) * np.int32(xq[0, b * QK + j]) + ((v >> 4) - 8) * np.int32(xq[0, b * QK + 16 + j])
+                    isum += (((v & 15) - 8) * np.int32(xq[0, b * QK + j])
+                             + ((v >> 4) - 8) * np.int32(xq[0, b * QK + 16 + j]))
                 acc += np.float32(isum) * d
             out[r] = acc
 
@@ -360,9 +361,10 @@ def _dot_q4_0_signed(row, xq, xd, lut, t):
     activations then sum to ``16·Σ (q − 8)·x``, at most 16·32·8·128 = 2^19 in size: it fits int32, and
     ``>> 4`` divides it by 16 exactly. A loop of int8 products summed into int32 is what LLVM turns
     into ``sdot`` for a CPU with dotprod (cortex-a76); x86 has no signed int8 dot, and there LLVM
-    leaves the loop scalar (so these kernels are registered for ``dotprod`` only). The float side is ``matvec_q4_0_naive``'s, operation for operation, so the
-    results are bit-exact with it — as long as the caller is compiled **without** fastmath (LLVM
-    inlines this function, and under fastmath it fuses the multiply and add). Taught in day07_1."""
+    leaves the loop scalar (so these kernels are registered for ``dotprod`` only). The float side is
+    ``matvec_q4_0_naive``'s, operation for operation, so the results are bit-exact with it — as long as the caller
+    is compiled **without** fastmath (LLVM inlines this function, and under fastmath it fuses the multiply and
+    add). Taught in day07_1."""
     nb = xd.shape[1]
     acc = np.float32(0.0)
     for b in range(nb):

@@ -23,9 +23,9 @@ host has that feature (``host_features``): ``avx512_vnni``, then ``avx2``, for `
 ``dotprod`` (the A76's ``sdot``) for plain ``Q4_0``. The Q4_0 kernels are registered from the one table of
 variants (``kernels.variants``: layout, ISA, rows per group, kernels): a new Q4_0 variant (an 8-row
 VNNI layout, the A76's 4×4 layout) is one entry there; a new consumer (the vision tower's matmul with
-bias) or another layout's kernel is one ``@register`` away. ``qkv``/``swiglu`` fall back to separate ``one`` calls for layouts without a
-fused kernel. ``experts`` (Qwen3-MoE, ``engine.moe``): plain Q4_0 experts have a grouped kernel that reads
-the file's rows in place; the other layouts go expert by expert through their ``many`` kernels.
+bias) or another layout's kernel is one ``@register`` away. ``qkv``/``swiglu`` fall back to separate ``one`` calls
+for layouts without a fused kernel. ``experts`` (Qwen3-MoE, ``engine.moe``): plain Q4_0 experts have a grouped
+kernel that reads the file's rows in place; the other layouts go expert by expert through their ``many`` kernels.
 Each ``Kernel`` counts its calls, so the bench and the provenance can say which ran.
 Taught in day06_1 (host features), day06_3 (the table) and day07_1 (what the board would pick).
 """
@@ -104,9 +104,9 @@ Q4_LAYOUTS = {"r32": "Q4_0_R32", "v16": "Q4_0_V16", "plain": "Q4_0"}   # KESTREL
 def q4_load_layout(features: frozenset[str] | None = None) -> str:
     """The layout the engine keeps plain Q4_0 in on this host: ``Q4_0_V16`` where an ISA-specific
     kernel for it is available (AVX-512 VNNI's ``vpdpbusd``, or AVX2's ``vpmaddubsw``), else
-    ``Q4_0_R32`` (faster than the portable ``Q4_0_V16`` kernels), both copied at load. ``KESTREL_Q4_LAYOUT`` forces one, to measure them
-    side by side: ``r32``, ``v16``, or ``plain`` (no copy: the file's own bytes, with the int8-dot
-    ``sdot`` kernels on a ``dotprod`` host such as the A76, else the 16-lane ones). The board keeps
+    ``Q4_0_R32`` (faster than the portable ``Q4_0_V16`` kernels), both copied at load. ``KESTREL_Q4_LAYOUT``
+    forces one, to measure them side by side: ``r32``, ``v16``, or ``plain`` (no copy: the file's own bytes, with
+    the int8-dot ``sdot`` kernels on a ``dotprod`` host such as the A76, else the 16-lane ones). The board keeps
     R32 by default: which of R32 and ``sdot`` is faster on a real A76 is still to be measured
     (day07_1's board exercise). Taught in day06_3 and day07_1."""
     forced = os.environ.get("KESTREL_Q4_LAYOUT", "").strip().lower()

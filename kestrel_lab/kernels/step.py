@@ -55,9 +55,9 @@ def make_decode_layers(kind: str):
         numba threads. The architecture's attention traits (``config.ATTENTION_TRAITS``) come as
         ``qk_norm`` (Qwen3: per-head RMSNorm of q and k, ``q_norm``/``k_norm`` (L, D)) and ``has_bias``
         (Qwen2: ``qkv_bias`` = (q, k, v) biases, each (L, dim), added after the projections); an
-        absent tensor is an empty (L, 0) array. ``h`` (1, hidden) is updated in place; ``planes`` is the tuple (nibbles, scales)
-        × (q, k, v, o, gate, up, down), each the whole stack of layers; ``kc_all``/``vc_all`` the KV
-        cache (layers, kv_heads, max_context, head_dim), written at ``pos``; ``nt`` the thread count (each
+        absent tensor is an empty (L, 0) array. ``h`` (1, hidden) is updated in place; ``planes`` is the tuple
+        (nibbles, scales) × (q, k, v, o, gate, up, down), each the whole stack of layers; ``kc_all``/``vc_all``
+        the KV cache (layers, kv_heads, max_context, head_dim), written at ``pos``; ``nt`` the thread count (each
         matvec is cut into ``4·nt`` chunks, as ``kernels.ops.n_chunks`` does).
         """
         qn, qs, kn, ks, vn, vs, on, os_, gn, gs, un, us, dn, ds = planes
@@ -75,7 +75,7 @@ def make_decode_layers(kind: str):
         y = np.empty(hid, np.float32)
         n = max(hid, H * D, inter)
         xq_buf, xd_buf, xc_buf = np.empty(n, np.int8), np.empty(n // K.QK, np.float32), np.empty(n // K.QK, np.int16)
-        for l in range(L):
+        for l in range(L):  # noqa: E741  (l: the layer index, kept short in the slices below)
             # attention block: norm → Q, K, V → q/k norm → RoPE → cache → attention → Wo, residual
             K.rmsnorm(h, attn_norm[l], eps, x)
             xq, xc, xd = _q8c_into(x, xq_buf, xd_buf, xc_buf)

@@ -19,9 +19,9 @@ Exactly transformers' ``Qwen3VLVisionModel.forward`` (5.24), in this order:
 Weights are read where the VQF put them: the four block matrices (qkv, proj, fc1, fc2) in the file's
 qtype — Q8_0 in a quantized file, as the article's — through the engine's kernel registry: for an image
 (≥ ``GEMM_MIN_ROWS`` patches) its ``gemm`` call widens the Q8_0 matrix to float32 (16 MiB of rows at a
-time: a whole matrix of the 2B tower) and multiplies with BLAS (activations stay float32; several times faster than integer dots at 1,200 rows),
-for a handful of rows the ``many`` call (activations quantized to Q8_0 per row, as the text engine
-does). Everything else is F32 (numpy matmuls).
+time: a whole matrix of the 2B tower) and multiplies with BLAS (activations stay float32; several times faster
+than integer dots at 1,200 rows), for a handful of rows the ``many`` call (activations quantized to Q8_0 per row,
+as the text engine does). Everything else is F32 (numpy matmuls).
 Shapes come from ``vqf.layout.vision_specs``. Taught in day19_1, day19_2, day20_1 and day20_2.
 """
 from __future__ import annotations
@@ -374,8 +374,8 @@ class VisionTower:
         v = self.vc
         g = check_grids(grid_thw, self.merge)
         N = int(g.prod(axis=1).sum())
-        W, I, md, out = v.hidden_size, v.intermediate_size, v.merged_dim, v.out_hidden_size
-        lin = N * v.patch_dim * W + v.depth * N * (3 * W * W + W * W + 2 * W * I)
+        W, inter, md, out = v.hidden_size, v.intermediate_size, v.merged_dim, v.out_hidden_size
+        lin = N * v.patch_dim * W + v.depth * N * (3 * W * W + W * W + 2 * W * inter)
         merged = sum(image_token_count(r, self.merge) for r in g)
         lin += merged * (md * md + md * out) * (1 + len(v.deepstack_visual_indexes))
         seg = np.repeat(g[:, 1] * g[:, 2], g[:, 0])

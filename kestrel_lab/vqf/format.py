@@ -425,7 +425,10 @@ def config_from_header(h: dict, where: str = "") -> ModelConfig:
     arch = ARCH_NAMES[h["arch"]]
     if (arch == "qwen3_vl") != (vision is not None):
         bad("vision_depth", f"arch {arch} {'needs' if arch == 'qwen3_vl' else 'cannot have'} a vision tower")
-    tok = lambda v: None if v == NONE_U32 else v  # noqa: E731
+
+    def tok(v):
+        return None if v == NONE_U32 else v
+
     cfg = ModelConfig(
         arch=arch, vocab_size=h["vocab_size"], hidden_size=h["hidden_size"],
         intermediate_size=h["intermediate_size"], num_hidden_layers=h["num_hidden_layers"],

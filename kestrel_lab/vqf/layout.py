@@ -109,16 +109,19 @@ def _moe_ffn_specs(cfg: ModelConfig, qt: dict[str, int], prefix: str, experts: s
     only, then one gate/up/down trio per dense layer, named with its layer index."""
     if experts not in EXPERT_KEYS:
         raise ValueError(f"experts={experts!r}: expected one of {', '.join(EXPERT_KEYS)}")
-    E, m, h, I = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size, cfg.intermediate_size  # noqa: E741
+    E, m, h, inter = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size, cfg.intermediate_size
     moe = cfg.moe_layers
     specs = []
     if moe:
         if experts == "per_expert":   # what transformers' save_pretrained and the hub's files hold
-            exp = lambda tmpl: tuple(f"{prefix}layers.{i}.mlp.experts.{e}.{tmpl}.weight"  # noqa: E731
-                                     for i in moe for e in range(E))
+            def exp(tmpl):
+                return tuple(f"{prefix}layers.{i}.mlp.experts.{e}.{tmpl}.weight" for i in moe for e in range(E))
+
             gate, up, down = exp("gate_proj"), exp("up_proj"), exp("down_proj")
         else:                         # transformers 5's in-memory form: gate_up (E, 2m, h), down (E, h, m)
-            gu = lambda i, e, r0: f"{prefix}layers.{i}.mlp.experts.gate_up_proj[{r0}:{r0 + m}]"  # noqa: E731
+            def gu(i, e, r0):
+                return f"{prefix}layers.{i}.mlp.experts.gate_up_proj[{r0}:{r0 + m}]"
+
             gate = tuple(gu(i, e, e * 2 * m) for i in moe for e in range(E))
             up = tuple(gu(i, e, e * 2 * m + m) for i in moe for e in range(E))
             down = tuple(f"{prefix}layers.{i}.mlp.experts.down_proj[{e * h}:{(e + 1) * h}]"
@@ -134,9 +137,12 @@ def _moe_ffn_specs(cfg: ModelConfig, qt: dict[str, int], prefix: str, experts: s
     for i in cfg.dense_layers:
         p = f"{prefix}layers.{i}.mlp."
         specs += [
-            TensorSpec(dense_ffn_name("gate", i), qt["text"], I, h, (p + "gate_proj.weight",), f"dense FFN gate, layer {i}"),
-            TensorSpec(dense_ffn_name("up", i), qt["text"], I, h, (p + "up_proj.weight",), f"dense FFN up, layer {i}"),
-            TensorSpec(dense_ffn_name("down", i), qt["text"], h, I, (p + "down_proj.weight",), f"dense FFN down, layer {i}"),
+            TensorSpec(dense_ffn_name("gate", i), qt["text"], inter, h, (p + "gate_proj.weight",),
+                       f"dense FFN gate, layer {i}"),
+            TensorSpec(dense_ffn_name("up", i), qt["text"], inter, h, (p + "up_proj.weight",),
+                       f"dense FFN up, layer {i}"),
+            TensorSpec(dense_ffn_name("down", i), qt["text"], h, inter, (p + "down_proj.weight",),
+                       f"dense FFN down, layer {i}"),
         ]
     return specs
 
@@ -164,7 +170,10 @@ def expert_runs(spec: TensorSpec, config: ModelConfig) -> list[tuple[int, int, i
 def _text_specs(cfg: ModelConfig, qt: dict[str, int], prefix: str, lm_head: str,
                 experts: str = "per_expert") -> list[TensorSpec]:
     L, h, hd = cfg.num_hidden_layers, cfg.hidden_size, cfg.head_dim
-    lay = lambda tmpl: tuple(f"{prefix}layers.{i}.{tmpl}" for i in range(L))  # noqa: E731
+
+    def lay(tmpl):
+        return tuple(f"{prefix}layers.{i}.{tmpl}" for i in range(L))
+
     embed = f"{prefix}embed_tokens.weight"
     specs = [
         TensorSpec("token_embed", qt["embed"], cfg.vocab_size, h, (embed,), "token embedding"),
@@ -180,9 +189,12 @@ def _text_specs(cfg: ModelConfig, qt: dict[str, int], prefix: str, lm_head: str,
         ]
     if traits.qkv_bias:
         specs += [
-            TensorSpec("q_bias", qt["f32"], L, cfg.q_dim, lay("self_attn.q_proj.bias"), "Q projection bias, per layer"),
-            TensorSpec("k_bias", qt["f32"], L, cfg.kv_dim, lay("self_attn.k_proj.bias"), "K projection bias, per layer"),
-            TensorSpec("v_bias", qt["f32"], L, cfg.kv_dim, lay("self_attn.v_proj.bias"), "V projection bias, per layer"),
+            TensorSpec("q_bias", qt["f32"], L, cfg.q_dim, lay("self_attn.q_proj.bias"),
+                       "Q projection bias, per layer"),
+            TensorSpec("k_bias", qt["f32"], L, cfg.kv_dim, lay("self_attn.k_proj.bias"),
+                       "K projection bias, per layer"),
+            TensorSpec("v_bias", qt["f32"], L, cfg.kv_dim, lay("self_attn.v_proj.bias"),
+                       "V projection bias, per layer"),
         ]
     specs += [
         TensorSpec("q4_q", qt["text"], L * cfg.q_dim, h, lay("self_attn.q_proj.weight"), "Q projection"),
@@ -193,11 +205,11 @@ def _text_specs(cfg: ModelConfig, qt: dict[str, int], prefix: str, lm_head: str,
     if cfg.arch == "qwen3_moe":
         specs += _moe_ffn_specs(cfg, qt, prefix, experts)
     else:
-        I = cfg.intermediate_size  # noqa: E741
+        inter = cfg.intermediate_size
         specs += [
-            TensorSpec("q4_gate", qt["text"], L * I, h, lay("mlp.gate_proj.weight"), "FFN gate"),
-            TensorSpec("q4_up", qt["text"], L * I, h, lay("mlp.up_proj.weight"), "FFN up"),
-            TensorSpec("q4_down", qt["text"], L * h, I, lay("mlp.down_proj.weight"), "FFN down"),
+            TensorSpec("q4_gate", qt["text"], L * inter, h, lay("mlp.gate_proj.weight"), "FFN gate"),
+            TensorSpec("q4_up", qt["text"], L * inter, h, lay("mlp.up_proj.weight"), "FFN up"),
+            TensorSpec("q4_down", qt["text"], L * h, inter, lay("mlp.down_proj.weight"), "FFN down"),
         ]
     lm_src = embed if cfg.tie_word_embeddings else lm_head
     specs.append(TensorSpec("q4_lm", qt["text"], cfg.vocab_size, h, (lm_src,),
@@ -209,10 +221,16 @@ def _vision_specs(cfg: ModelConfig, qt: dict[str, int]) -> list[TensorSpec]:
     v = cfg.vision
     D, vh, vi, md, out = v.depth, v.hidden_size, v.intermediate_size, v.merged_dim, v.out_hidden_size
     p = "model.visual."
-    blk = lambda tmpl: tuple(f"{p}blocks.{i}.{tmpl}" for i in range(D))  # noqa: E731
+
+    def blk(tmpl):
+        return tuple(f"{p}blocks.{i}.{tmpl}" for i in range(D))
+
     ds = [f"{p}deepstack_merger_list.{k}." for k in range(len(v.deepstack_visual_indexes))]
     nds = len(ds)
-    dsl = lambda tmpl: tuple(d + tmpl for d in ds)  # noqa: E731
+
+    def dsl(tmpl):
+        return tuple(d + tmpl for d in ds)
+
     f32, vq = qt["f32"], qt["vision"]
     specs = [
         TensorSpec("v_q8_qkv", vq, D * 3 * vh, vh, blk("attn.qkv.weight"), "vision fused QKV"),
@@ -241,7 +259,8 @@ def _vision_specs(cfg: ModelConfig, qt: dict[str, int]) -> list[TensorSpec]:
     ]
     if nds:
         specs += [
-            TensorSpec("v_ds_norm", f32, nds, md, dsl("norm.weight"), "DeepStack mergers' LayerNorm weight (post-shuffle)"),
+            TensorSpec("v_ds_norm", f32, nds, md, dsl("norm.weight"),
+                       "DeepStack mergers' LayerNorm weight (post-shuffle)"),
             TensorSpec("v_ds_norm_b", f32, nds, md, dsl("norm.bias"), "DeepStack LayerNorm bias"),
             TensorSpec("v_ds_fc1", f32, nds * md, md, dsl("linear_fc1.weight"), "DeepStack fc1, mergers stacked"),
             TensorSpec("v_ds_fc1_b", f32, nds, md, dsl("linear_fc1.bias"), "DeepStack fc1 bias"),

@@ -372,8 +372,9 @@ def spec_markdown() -> str:
         f"（组或其他人可读写就拒绝）；命令行 `--key-file K`，或环境变量 `{ENV_KEY_FILE}` |",
         f"| 密钥编号 `key_id`（偏移 {f['key_id'].offset}，{KEY_ID_BYTES} 字节） | SM3(key) 的前 {KEY_ID_BYTES} 字节；"
         f"先比对编号，错的密钥在解密任何字节之前就被认出 |",
-        f"| 两把子密钥 | HKDF-SM3(IKM = key, salt = `enc_salt`（偏移 {f['enc_salt'].offset}，{SALT_BYTES} 字节，每个文件随机）)："
-        f"info `{INFO_ENC.decode()}` → {KEY_BYTES} 字节 SM4 密钥；info `{INFO_MAC.decode()}` → {TAG_BYTES} 字节 HMAC 密钥 |",
+        f"| 两把子密钥 | HKDF-SM3(IKM = key, salt = `enc_salt`（偏移 {f['enc_salt'].offset}，{SALT_BYTES} 字节，"
+        f"每个文件随机）)：info `{INFO_ENC.decode()}` → {KEY_BYTES} 字节 SM4 密钥；"
+        f"info `{INFO_MAC.decode()}` → {TAG_BYTES} 字节 HMAC 密钥 |",
         "| 加密的范围 | 数据区 `[data_offset, file_len)`（张量与它们之间的 0 填充）；头部、VQFSig、目录与填充是明文 |",
         f"| SM4-CTR 计数器 | 数据区第 p 字节（p 为 {BLOCK} 的倍数）用计数块 (IV + p / {BLOCK}) mod 2^128（大端），"
         f"IV 为 `enc_iv`（偏移 {f['enc_iv'].offset}，{IV_BYTES} 字节，每个文件随机）；偏移 o 的张量从 "
@@ -387,5 +388,6 @@ def spec_markdown() -> str:
 
 
 __all__ = ["ENV_KEY_FILE", "KeyFileError", "VQFProtectionError", "new_key", "write_key_file", "read_key_file",
-           "resolve_key_file", "key_for", "tag_error", "sm3", "key_id", "derive_keys", "counter_block", "ctr_cipher", "sm4_ctr", "new_mac",
-           "Protection", "new_protection", "check_header", "trailer_bytes", "decrypt_image", "verify_tag", "spec_markdown"]
+           "resolve_key_file", "key_for", "tag_error", "sm3", "key_id", "derive_keys", "counter_block", "ctr_cipher",
+           "sm4_ctr", "new_mac", "Protection", "new_protection", "check_header", "trailer_bytes", "decrypt_image",
+           "verify_tag", "spec_markdown"]

@@ -206,7 +206,37 @@ def _parse(path: Path, mm: mmap.mmap, size: int, verify: bool, key_file=None) ->
         h = F.unpack_header_raw(buf[:F.HEADER_END])
     finally:
         buf.release()
-    # ---- identity
+    flags = h["flags"]
+    _check_identity(where, h, hbad)
+    n, dir_end, d0, fl = _check_extent(h, size, hbad)
+    source, config = _check_signature(where, h, hbad)
+    _check_padding(mm, dir_end, d0, bad)
+    entries = _parse_directory(where, mm, n, d0, fl, bad)
+    repacked = any(e.qtype == Q.Q4_8X8L.id for e in entries)
+    if bool(flags & F.FLAG["REPACKED_8X8"]) != repacked:
+        hbad("flags", f"REPACKED_8X8 (0x8) is {'set' if flags & 8 else 'clear'} but "
+                      f"{'a' if repacked else 'no'} tensor is Q4_8X8L")
+    config, tensors, unknown, missing = _attach(where, config, entries, bad)
+    if flags & F.FLAG["ENCRYPTED"]:
+        return _decrypted(path, mm, h, config, source, tensors, unknown, missing, entries, key_file)
+    stored = struct.unpack_from("<Q", mm, fl)[0]
+    if verify:
+        arr = np.frombuffer(mm, dtype=np.uint8)
+        computed = hash_ranges(arr, n, d0, fl)
+        del arr
+        if computed != stored:
+            bad("trailer (FNV-1a 64)", fl, f"stored {stored:016x}, computed {computed:016x}: "
+                                           f"the directory or the data area is corrupt")
+    # Views of the mapping only now that every check passed: a refused file leaves no view behind, so
+    # its mapping is closed at once (not when the garbage collector gets to the traceback's frames).
+    whole = np.frombuffer(mm, dtype=np.uint8)
+    for e in entries:
+        e.data = whole[e.offset:e.offset + e.nbytes]
+    return VQFFile(path, mm, h, config, source, tensors, unknown, missing, entries, stored, bool(verify))
+
+
+def _check_identity(where: str, h: dict, hbad) -> None:
+    """Magic, version, known flag bits, and the flags' and encryption fields' agreement."""
     if h["magic"] != F.MAGIC:
         hbad("magic", f"{h['magic']!r} is not {F.MAGIC!r}: not a VQF file")
     if h["version"] != F.VERSION:
@@ -216,7 +246,12 @@ def _parse(path: Path, mm: mmap.mmap, size: int, verify: bool, key_file=None) ->
         hbad("flags", f"0x{flags:x} sets unknown bits 0x{flags & ~F.KNOWN_FLAGS:x} (known: "
                       f"{', '.join(f'{f.name}=0x{f.mask:x}' for f in F.FLAGS)})")
     protect.check_header(where, h)   # FNV_TRAILER xor ENCRYPTED; the encryption fields (388..432)
-    trailer = protect.trailer_bytes(flags)
+
+
+def _check_extent(h: dict, size: int, hbad) -> tuple[int, int, int, int]:
+    """The directory and data area inside a file of ``size`` bytes: (n_tensors, end of the directory,
+    data_offset, file_len)."""
+    trailer = protect.trailer_bytes(h["flags"])
     n = h["n_tensors"]
     dir_end = F.DIR_OFFSET + F.ENTRY_SIZE * n
     if n > F.MAX_TENSORS:
@@ -238,29 +273,39 @@ def _parse(path: Path, mm: mmap.mmap, size: int, verify: bool, key_file=None) ->
     if fl + trailer != size:
         hbad("file_len", f"file_len + {trailer} = {fl + trailer:,} but the file has {size:,} bytes "
                          f"({'truncated' if size < fl + trailer else 'trailing bytes'})")
-    # ---- VQFSig
+    return n, dir_end, d0, fl
+
+
+def _check_signature(where: str, h: dict, hbad) -> tuple[dict, ModelConfig]:
+    """The VQFSig block: its magic and version, then the source and the model configuration it holds
+    (which must agree with the VISION flag)."""
     if h["sig_magic"] != F.SIG_MAGIC:
         hbad("sig_magic", f"{h['sig_magic']!r} is not {F.SIG_MAGIC!r}")
     if h["sig_version"] != F.SIG_VERSION:
         hbad("sig_version", f"{h['sig_version']} is not supported (expected {F.SIG_VERSION})")
     source = F.source_from_header(h, where)
     config = F.config_from_header(h, where)
+    flags = h["flags"]
     if bool(flags & F.FLAG["VISION"]) != (config.vision is not None):
         hbad("flags", f"VISION (0x4) is {'set' if flags & 4 else 'clear'} but vision_depth is "
                       f"{h['vision_depth']}")
-    # ---- padding that is not hashed must be zero (so a file has one valid byte image)
+    return source, config
+
+
+def _check_padding(mm: mmap.mmap, dir_end: int, d0: int, bad) -> None:
+    """Padding that is not hashed must be zero (so a file has one valid byte image)."""
     for lo, hi, what in ((F.HEADER_END, F.DIR_OFFSET, "padding after VQFSig"),
                          (dir_end, d0, "padding between directory and data")):
         seg = mm[lo:hi]
         if seg.strip(b"\x00"):
             bad(what, lo + len(seg) - len(seg.lstrip(b"\x00")), "not zero")
-    # ---- directory
-    entries = _parse_directory(where, mm, n, d0, fl, bad)
-    repacked = any(e.qtype == Q.Q4_8X8L.id for e in entries)
-    if bool(flags & F.FLAG["REPACKED_8X8"]) != repacked:
-        hbad("flags", f"REPACKED_8X8 (0x8) is {'set' if flags & 8 else 'clear'} but "
-                      f"{'a' if repacked else 'no'} tensor is Q4_8X8L")
-    # ---- attach by name: known names must have the shapes the configuration implies
+
+
+def _attach(where: str, config: ModelConfig, entries: list[VQFTensor],
+            bad) -> tuple[ModelConfig, dict[str, VQFTensor], list[str], list[str]]:
+    """Attach the entries by name: a known name must have the shape the configuration implies and a
+    qtype some ``--quant`` gives it. Returns the configuration the directory completes (an MoE file's
+    dense layers), the known tensors by name, the unknown names and the missing ones."""
     from kestrel_lab.vqf.layout import QUANTS, config_for_directory, plan
 
     config = config_for_directory(config, [e.name for e in entries])  # an MoE file's dense layers
@@ -289,22 +334,7 @@ def _parse(path: Path, mm: mmap.mmap, size: int, verify: bool, key_file=None) ->
                 f"{' or '.join(sorted(Q.qtype(q).name for q in allowed[e.name]))}")
         tensors[e.name] = e
     missing = [name for name in expected if name not in tensors]
-    if flags & F.FLAG["ENCRYPTED"]:
-        return _decrypted(path, mm, h, config, source, tensors, unknown, missing, entries, key_file)
-    stored = struct.unpack_from("<Q", mm, fl)[0]
-    if verify:
-        arr = np.frombuffer(mm, dtype=np.uint8)
-        computed = hash_ranges(arr, n, d0, fl)
-        del arr
-        if computed != stored:
-            bad("trailer (FNV-1a 64)", fl, f"stored {stored:016x}, computed {computed:016x}: "
-                                           f"the directory or the data area is corrupt")
-    # Views of the mapping only now that every check passed: a refused file leaves no view behind, so
-    # its mapping is closed at once (not when the garbage collector gets to the traceback's frames).
-    whole = np.frombuffer(mm, dtype=np.uint8)
-    for e in entries:
-        e.data = whole[e.offset:e.offset + e.nbytes]
-    return VQFFile(path, mm, h, config, source, tensors, unknown, missing, entries, stored, bool(verify))
+    return config, tensors, unknown, missing
 
 
 def _decrypted(path, mm, h, config, source, tensors, unknown, missing, entries, key_file) -> VQFFile:

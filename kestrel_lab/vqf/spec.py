@@ -65,7 +65,8 @@ def _moe() -> str:
 
     cfg = ModelConfig.from_hf(configs_dir() / "qwen3-30b-a3b.config.json")
     fp = plan_file(cfg)
-    rows = ["| # | name | qtype | rows × cols | offset | bytes | 来源（按序堆叠） |", "|---:|---|---|---|---:|---:|---|"]
+    rows = ["| # | name | qtype | rows × cols | offset | bytes | 来源（按序堆叠） |",
+            "|---:|---|---|---|---:|---:|---|"]
     for i, e in enumerate(fp.entries):
         s = e.spec
         src = source_pattern(s.sources) if len(s.sources) <= cfg.num_hidden_layers else (
@@ -78,15 +79,18 @@ def _moe() -> str:
     spec = {s.name: s for s in fp.specs}
     runs = expert_runs(spec["q4_gate_exps"], cfg)
     per = spec["q4_gate_exps"].nbytes // len(runs)
+    per_down = spec["q4_down_exps"].nbytes // len(runs)
     rows.append(f"每个专家的 gate（或 up）是 `q4_gate_exps` 里连续的 {runs[0][3] - runs[0][2]:,} 行（{per:,} 字节），"
-                f"down 是 `q4_down_exps` 里连续的 {cfg.hidden_size:,} 行（{spec['q4_down_exps'].nbytes // len(runs):,} 字节）；"
-                f"第 k 个 MoE 层的专家 e 从第 (k·{cfg.num_experts} + e)·m 行开始（`kestrel_lab.vqf.layout.expert_runs`）。")
+                f"down 是 `q4_down_exps` 里连续的 {cfg.hidden_size:,} 行（{per_down:,} 字节）；"
+                f"第 k 个 MoE 层的专家 e 从第 (k·{cfg.num_experts} + e)·m 行开始"
+                "（`kestrel_lab.vqf.layout.expert_runs`）。")
     rows.append("")
     dense = dataclasses.replace(cfg, mlp_only_layers=[0])
     rows += ["同一个模型若第 0 层是稠密层（`mlp_only_layers = [0]`），FFN 部分的条目变成：", "",
              "| name | qtype | rows × cols | 来源 |", "|---|---|---|---|"]
     for s in plan(dense):
-        if s.name in ("moe_router", "q4_gate_exps", "q4_up_exps", "q4_down_exps") or s.name.startswith(("q4_gate.", "q4_up.", "q4_down.")):
+        ffn = s.name in ("moe_router", "q4_gate_exps", "q4_up_exps", "q4_down_exps")
+        if ffn or s.name.startswith(("q4_gate.", "q4_up.", "q4_down.")):
             src = s.sources[0] if len(s.sources) == 1 else (
                 re.sub(r"experts\.0\.", "experts.{e}.", s.sources[0]) + f" … {s.sources[-1]}（× {len(s.sources):,}）")
             rows.append(f"| `{s.name}` | {s.qtype_name} | {s.rows:,} × {s.cols:,} | `{src}` |")

@@ -38,7 +38,7 @@ class VQFWriteError(ValueError):
     """A call the writer's state does not allow (order, duplicates, sizes). Taught in day17_1."""
 
 
-def print_progress(name: str, done: int, total: int, _state={"t0": None}) -> None:  # noqa: B006
+def print_progress(name: str, done: int, total: int, _state={"t0": None}) -> None:  # one _state for all calls
     """A one-line progress report on stderr (``progress=True``). Taught in day17_1."""
     if _state["t0"] is None or done == 0:
         _state["t0"] = time.perf_counter()

@@ -148,7 +148,7 @@ def _differential(path: Path, ours) -> str | None:
     try:
         with safe_open(str(path), framework="numpy") as f:
             theirs = sorted(f.keys())
-    except Exception:  # noqa: BLE001 — any refusal of theirs
+    except Exception:  # any refusal of theirs
         theirs = None
     if (ours.status == "loaded") != (theirs is not None):
         return f"ours {ours.status} ({ours.message[:200]}), safetensors {'loaded' if theirs is not None else 'refused'}"
