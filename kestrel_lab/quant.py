@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kestrel_lab import seam
+
 
 def half_bits_to_f32(bits: np.ndarray) -> np.ndarray:
     """IEEE half-precision bit patterns (uint16, or any 2-byte view) → float32, quietly.
@@ -206,10 +208,21 @@ def quantize(x: np.ndarray, qt: int | str | QType) -> np.ndarray:
     if q is F16:
         return np.ascontiguousarray(x.astype("<f2")).view(np.uint8).reshape(-1)
     if q is Q8_0:
+        mine = seam.get("quant.quantize_q8_0")    # a student's piece (``kestrel_lab.seam``), else ours
+        if mine is not None:
+            return _piece_bytes(mine(x.reshape(-1).copy()), q.nbytes(rows, cols), "quant.quantize_q8_0")
         return quantize_q8_0(x).reshape(-1)
     if q is Q4_0:
         return quantize_q4_0(x).reshape(-1)
     return repack_q4_8x8l(quantize_q4_0(x), rows, cols)
+
+
+def _piece_bytes(out, nbytes: int, piece: str) -> np.ndarray:
+    """A piece's bytes as a flat uint8 array of the expected size, or a clear error naming the piece."""
+    arr = np.frombuffer(bytes(out), dtype=np.uint8) if not isinstance(out, np.ndarray) else out.reshape(-1)
+    if arr.dtype != np.uint8 or arr.size != nbytes:
+        raise ValueError(f"piece {piece} returned {arr.size} {arr.dtype} values, expected {nbytes} bytes")
+    return arr
 
 
 def dequantize(raw: np.ndarray, qt: int | str | QType, rows: int, cols: int) -> np.ndarray:
@@ -225,6 +238,12 @@ def dequantize(raw: np.ndarray, qt: int | str | QType, rows: int, cols: int) -> 
     if q is Q8_0:
         return dequantize_q8_0(raw, rows, cols)
     if q is Q4_0:
+        mine = seam.get("quant.dequantize_q4_0")  # a student's piece (``kestrel_lab.seam``), else ours
+        if mine is not None:
+            out = np.asarray(mine(raw.tobytes(), rows * cols), dtype=np.float32)
+            if out.size != rows * cols:
+                raise ValueError(f"piece quant.dequantize_q4_0 returned {out.size} values, expected {rows * cols}")
+            return out.reshape(rows, cols)
         return dequantize_q4_0(raw, rows, cols)
     return dequantize_q4_0(unpack_q4_8x8l(raw, rows, cols), rows, cols)
 

@@ -102,7 +102,7 @@ PIECES: tuple[Piece, ...] = (
           "as UTF-8", "day18_2", "kestrel-lab vocab compile: the file it writes",
           "tokenizer_json: the path of a tokenizer.json."),
     Piece("vision", "patchify", "chw, patch=16, temporal=2, merge=2", "float32 (N, 3·temporal·patch²): one row per "
-          "patch, the frame repeated temporal times, rows in 2×2-merge-block order", "day19_1",
+          "patch, the frame repeated temporal times, rows in 2×2-merge-block order", "day20_3",
           "the student's engine: a picture's pixel_values", "chw: one normalized (3, H, W) frame, H and W multiples "
           "of patch·merge."),
     Piece("vision", "merge", "h, m", "float32 (N/4, text width): LayerNorm per patch, 2×2 concat, fc1, exact "

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kestrel_lab import seam
 from kestrel_lab.atomic import atomic_write
 from kestrel_lab.vocab.bytelevel import decode_token_str
 from kestrel_lab.vocab.loader import load_vocab_bin
@@ -82,6 +83,9 @@ def compile_vocab(tokenizer_json: str | os.PathLike | None, out_path: str | os.P
     t0 = time.perf_counter()
     src = Path(tokenizer_json) if tokenizer_json is not None else default_tokenizer_json()
     spec = read_tokenizer_json(src)
+    whole = seam.get("vocab.compile_vocab")       # a student's compiler (``kestrel_lab.seam``): its bytes
+    if whole is not None and specials_from is None and drop_branch is None:
+        return _write(bytes(whole(str(src))), spec, Path(out_path), t0, "the student's compile_vocab", None)
     n_base = len(spec.vocab_keys)
     if specials_from is not None:
         specials = _specials_from_bin(Path(specials_from), n_base)
@@ -94,11 +98,9 @@ def compile_vocab(tokenizer_json: str | os.PathLike | None, out_path: str | os.P
             raise ValueError(f"{src}: field 'added_tokens': ids above the vocab must run {n_base}.. without gaps, "
                              f"got {[tid for tid, _ in specials][:8]}…")
     parts = [struct.pack("<I", n_base + len(specials))]
-    converted = 0
+    mine = seam.get("vocab.decode_token_str") if drop_branch is None else None   # a student's piece, else ours
     for tid, key in enumerate(spec.vocab_keys):
-        rec = decode_token_str(key, drop_branch)
-        if rec != key.encode("utf-8"):
-            converted += 1
+        rec = decode_token_str(key, drop_branch) if mine is None else bytes(mine(key))
         if not 0 < len(rec) < 1 << 16:
             raise ValueError(f"{src}: field 'model.vocab' id {tid}: {len(rec)} bytes do not fit a u16 length")
         parts.append(struct.pack("<IH", tid, len(rec)))
@@ -106,16 +108,21 @@ def compile_vocab(tokenizer_json: str | os.PathLike | None, out_path: str | os.P
     for tid, text in specials:
         parts.append(struct.pack("<IH", tid, len(text)))
         parts.append(text)
-    blob = b"".join(parts)
-    out_path = Path(out_path)
+    return _write(b"".join(parts), spec, Path(out_path), t0, special_source, drop_branch)
+
+
+def _write(blob: bytes, spec, out_path: Path, t0: float, special_source: str, drop_branch) -> CompileStats:
+    """Write ``blob`` atomically, read it back and count what it holds (the converted, kept and special
+    tokens against the tokenizer's keys) and what it covers."""
     with atomic_write(out_path, "wb") as fh:
         fh.write(blob)
     seconds = time.perf_counter() - t0
-    stats = CompileStats(total=n_base + len(specials), converted=converted, kept=n_base - converted,
-                         special=len(specials), special_source=special_source, bytes=len(blob),
-                         sha256=hashlib.sha256(blob).hexdigest(), seconds=seconds, out_path=out_path,
-                         drop_branch=drop_branch)
     vb = load_vocab_bin(out_path)
+    n_base = min(len(spec.vocab_keys), vb.n)
+    converted = sum(vb.token(tid) != key.encode("utf-8") for tid, key in enumerate(spec.vocab_keys[:n_base]))
+    stats = CompileStats(total=vb.n, converted=converted, kept=n_base - converted, special=vb.n - n_base,
+                         special_source=special_source, bytes=len(blob), sha256=hashlib.sha256(blob).hexdigest(),
+                         seconds=seconds, out_path=out_path, drop_branch=drop_branch)
     stats.coverage, stats.missing = coverage(vb)
     return stats
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 from cryptography.exceptions import InvalidSignature
 
+from kestrel_lab import seam
 from kestrel_lab.atomic import atomic_write
 from kestrel_lab.vqf import format as F
 from kestrel_lab.vqf import protect as P
@@ -192,7 +193,9 @@ def decrypt_tensor(path: str | os.PathLike, name: str, key_file: str | os.PathLi
             raw, qt, rows, cols, off, nb = struct.unpack_from(F.ENTRY_FORMAT, mm, F.DIR_OFFSET + F.ENTRY_SIZE * i)
             if raw.rstrip(b"\x00").decode("utf-8", "replace") == name:
                 ct = np.frombuffer(mm, dtype=np.uint8, count=nb, offset=off)
-                out = P.sm4_ctr(keys.enc, prot.iv, ct, off - h["data_offset"])
+                mine = seam.get("protect.sm4_ctr")   # a student's piece (``kestrel_lab.seam``), else ours
+                out = (P.sm4_ctr(keys.enc, prot.iv, ct, off - h["data_offset"]) if mine is None else
+                       np.frombuffer(bytes(mine(keys.enc, prot.iv, ct.tobytes(), off - h["data_offset"])), np.uint8))
                 del ct
                 return out
     raise KeyError(f"{path}: no tensor {name!r}")
