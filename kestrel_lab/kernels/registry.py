@@ -38,7 +38,7 @@ from typing import Callable
 import numpy as np
 
 from kestrel_lab.kernels import ops as K
-from kestrel_lab.kernels import step, variants
+from kestrel_lab.kernels import choice, step, variants
 from kestrel_lab.kernels.host import host_features
 
 CALLS = ("one", "many", "qkv", "swiglu", "layers", "experts", "gemm")
@@ -83,6 +83,11 @@ def select(layout: str, call: str, features: frozenset[str] | None = None) -> Ke
     """The kernel for (layout, call) on a host with ``features``: an ISA-specific one it supports,
     else the portable one; None when nothing is registered for the pair. Taught in day06_3."""
     entries = TABLE.get((layout, call), [])
+    if features is None and layout in variants.PLANE_LAYOUTS:       # this host: the measured choice
+        v = choice.current(host_features()).variant
+        k = next((k for k in entries if k.isa == v.isa), None) if v.layout == layout else None
+        if k is not None:
+            return k
     features = host_features() if features is None else features
     special = [k for k in entries if k.isa != PORTABLE and k.isa in features]
     if special:
@@ -102,21 +107,23 @@ Q4_LAYOUTS = {"r32": "Q4_0_R32", "v16": "Q4_0_V16", "plain": "Q4_0"}   # KESTREL
 
 
 def q4_load_layout(features: frozenset[str] | None = None) -> str:
-    """The layout the engine keeps plain Q4_0 in on this host: ``Q4_0_V16`` where an ISA-specific
-    kernel for it is available (AVX-512 VNNI's ``vpdpbusd``, or AVX2's ``vpmaddubsw``), else
-    ``Q4_0_R32`` (faster than the portable ``Q4_0_V16`` kernels), both copied at load. ``KESTREL_Q4_LAYOUT``
-    forces one, to measure them side by side: ``r32``, ``v16``, or ``plain`` (no copy: the file's own bytes, with
-    the int8-dot ``sdot`` kernels on a ``dotprod`` host such as the A76, else the 16-lane ones). The board keeps
-    R32 by default: which of R32 and ``sdot`` is faster on a real A76 is still to be measured
-    (day07_1's board exercise). Taught in day06_3 and day07_1."""
+    """The layout the engine keeps plain Q4_0 in on this host: the layout of the row-grouped variant chosen
+    for it (``kernels.choice``: the ISA list's pick — ``Q4_0_V16`` with AVX-512 VNNI's ``vpdpbusd`` or AVX2's
+    ``vpmaddubsw``, else ``Q4_0_R32`` — unless another variant measured clearly faster here), copied at load.
+    With ``features`` given (another machine, e.g. the board's), the ISA list's pick for them.
+    ``KESTREL_Q4_LAYOUT`` forces one, to measure them side by side: ``r32``, ``v16``, or ``plain`` (no copy:
+    the file's own bytes, with the int8-dot ``sdot`` kernels on a ``dotprod`` host such as the A76, else the
+    16-lane ones). Which of R32 and ``sdot`` is faster on a real A76 is still to be measured (day07_1's
+    board exercise). Taught in day06_3 and day07_1."""
     forced = os.environ.get("KESTREL_Q4_LAYOUT", "").strip().lower()
     if forced:
         name = Q4_LAYOUTS.get(forced)
         if name is None:
             raise ValueError(f"KESTREL_Q4_LAYOUT={forced!r}: expected one of {', '.join(Q4_LAYOUTS)}")
         return name
-    k = select("Q4_0_V16", "one", features)
-    return "Q4_0_V16" if k is not None and k.isa != PORTABLE else "Q4_0_R32"
+    if features is None:
+        return choice.current(host_features()).variant.layout       # measured on this host (``kernels.choice``)
+    return choice.ladder(features).layout
 
 
 def table_rows() -> list[tuple[str, str, str, str]]:
