@@ -269,6 +269,9 @@ def run(config_path=None, quant: str = "q4_0", threads: list[int] | None = None,
     log(f"model: {path} ({path.stat().st_size / 1e6:.1f} MB, ready in {time.perf_counter() - t0:.1f} s)")
     res = {"vqf": str(path), "quant": qt.name.lower(), "threads": threads, "engine": {}, "bandwidth": {},
            "ceiling_tok_s": {}, "pct_of_ceiling": {}, "kernels_gbs": {}, "torch": {}}
+    from kestrel_lab.kernels import choice
+
+    res["kernel_choice"] = choice.current().report()     # which Q4_0 variant this host decodes with, and why
     log("compile: fresh process, empty numba cache …")
     with tempfile.TemporaryDirectory(prefix="kestrel-numba-") as tmp:
         res["first_compile"] = cold_start(path, numba_cache=tmp)
@@ -367,4 +370,6 @@ def format_table(res: dict) -> str:
                  f"8-token prefill {cs['prefill_s']:.2f})")
     if res.get("load_avg"):
         lines.append("machine load average (1/5/15 min) at the end: " + " / ".join(f"{v:.2f}" for v in res["load_avg"]))
+    if res.get("kernel_choice"):
+        lines.append(res["kernel_choice"])
     return "\n".join(lines)

@@ -57,6 +57,7 @@ from kestrel_lab.config import ATTENTION_TRAITS, ModelConfig
 from kestrel_lab.engine import moe as M
 from kestrel_lab.engine import pieces as P
 from kestrel_lab.engine.kv import ContextFullError, KVCache
+from kestrel_lab.kernels import choice
 from kestrel_lab.kernels import ops as K
 from kestrel_lab.kernels import registry
 from kestrel_lab.kernels import variants
@@ -126,6 +127,12 @@ def _rows_slice(t, r0: int, r1: int) -> np.ndarray:
     """Bytes of rows [r0, r1) of a stacked tensor (contiguous in every qtype; Q4_8X8L in 8-row steps)."""
     bpr = t.data.size // t.rows
     return t.data.reshape(-1)[r0 * bpr:r1 * bpr]
+
+
+def _choice_summary() -> dict:
+    """The Q4_0 variant this host was given and how (``kernels.choice``), for the provenance."""
+    c = choice.current(host_features())
+    return {"variant": c.variant.name, "how": c.how, "isa_default": c.default, "why": c.reason}
 
 
 class Qwen3Engine:
@@ -426,6 +433,7 @@ class Qwen3Engine:
         return {"matrices": by_layout, "experts": experts,
                 "decode_step": self._step.name if self._step else None,
                 "q4_layout": self.q4_layout if any(w.nib is not None for w in mats) else None,
+                "q4_choice": _choice_summary(),
                 "isa": sorted(f for f in host_features() if f in ("avx2", "avx512f", "avx512_vnni",
                                                                             "avx_vnni", "dotprod", "i8mm"))}
 
