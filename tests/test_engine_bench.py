@@ -28,11 +28,12 @@ def test_bench_model_engine_speed_and_table(tmp_path, monkeypatch):
     fig = speed.engine_speed(path, 1, prompt_len=8, decode_tokens=3)
     assert fig["prefill_tok_s"] > 0 and fig["decode_tok_s"] > 0 and fig["weight_qtypes"] == ["Q4_0"]
     k = speed.kernel_speeds(1, rows=512, cols=256, repeat=1)
-    from kestrel_lab.kernels.registry import host_features
-    isa = {f"q4_0 v16 (16 rows, {label})" for flag, label in (("avx512_vnni", "vpdpbusd"), ("avx2", "vpmaddubsw"))
-           if flag in host_features()}
-    assert set(k) == {"q4_0 naive (block by block)", "q4_0 lanes", "q8_0 lanes", "q4_8x8l",
-                      "q4_0 r32 (32 rows interleaved)"} | isa
+    from kestrel_lab.kernels import variants
+    from kestrel_lab.kernels.host import host_features
+    grouped = {f"q4_0 {v.name} ({v.rows_per_group} rows, {v.instruction})"       # every row-grouped variant here
+               for v in variants.supported(host_features()) if v.planes}
+    assert "q4_0 r32 (32 rows, int16 lanes (vpmullw, rows as lanes))" in grouped
+    assert set(k) == {"q4_0 naive (block by block)", "q4_0 lanes", "q8_0 lanes", "q4_8x8l"} | grouped
     plain = speed.engine_speed(path, 1, prompt_len=8, decode_tokens=2, interleave=False)
     assert fig["repack_s"] > 0 and plain["repack_s"] == 0     # the row-interleaved copy is made at load
     res = {"vqf": str(path), "quant": "q4_0", "threads": [1], "engine": {1: fig}, "engine_plain": {1: plain},
