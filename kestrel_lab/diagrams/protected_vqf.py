@@ -10,8 +10,8 @@ offset or the tag's size and the picture follows. Taught in day26_1.
 from __future__ import annotations
 
 ENC_FIELDS = ("enc_alg", "enc_iv", "enc_salt", "key_id")
-FIELD_NOTES = {"enc_alg": "算法号 1：SM4-CTR\n+ HMAC-SM3", "enc_iv": "IV：每个文件随机", "enc_salt": "salt：派生两把子密钥",
-               "key_id": "密钥编号：\nSM3(密钥) 前 8 字节"}
+FIELD_NOTES = {"enc_alg": "算法号 1：SM4-CTR\n+ HMAC-SM3", "enc_iv": "IV：每个文件随机",
+               "enc_salt": "salt：派生两把子密钥", "key_id": "密钥编号：\nSM3(密钥) 前 8 字节"}
 MIN_SHARE = 0.08     # the smallest share of the bar a region gets (the data area is ~99.9 % of the file)
 
 
@@ -50,8 +50,8 @@ def draw_protected_vqf(fp, name: str):
         x += w
     a1.text(1.0 - share[-1], -0.12, f"file_len {regs[-1][0]:,}", ha="center", va="top", fontsize=7, color="#555555")
     a1.annotate("", (0.0, -0.65), (1.0 - share[-1], -0.65), arrowprops={"arrowstyle": "<->", "color": "#c44e52"})
-    a1.text((1.0 - share[-1]) / 2, -0.85, "HMAC-SM3 覆盖的范围：标签之前的每一个字节（先加密后认证）；第 p 个数据字节用计数块 IV + p/16",
-            ha="center", va="top", fontsize=8.5, color="#c44e52")
+    a1.text((1.0 - share[-1]) / 2, -0.85, "HMAC-SM3 覆盖的范围：标签之前的每一个字节（先加密后认证）；"
+            "第 p 个数据字节用计数块 IV + p/16", ha="center", va="top", fontsize=8.5, color="#c44e52")
     a1.set_xlim(0, 1)
     a1.set_ylim(-1.2, 2.6)
     a1.axis("off")
@@ -61,7 +61,8 @@ def draw_protected_vqf(fp, name: str):
     lo = F.HEADER_FIELD[ENC_FIELDS[0]].offset
     for i, fname in enumerate(ENC_FIELDS):
         f = F.HEADER_FIELD[fname]
-        size = F.HEADER_FIELD[ENC_FIELDS[i + 1]].offset - f.offset if i + 1 < len(ENC_FIELDS) else F.HEADER_END - f.offset
+        end = F.HEADER_FIELD[ENC_FIELDS[i + 1]].offset if i + 1 < len(ENC_FIELDS) else F.HEADER_END
+        size = end - f.offset
         a2.broken_barh([(f.offset, size)], (0, 1), facecolors="#4c72b0", edgecolors="white")
         a2.text(f.offset + size / 2, 0.5, f"{fname}\n{size} B", ha="center", va="center", color="white", fontsize=8)
         a2.text(f.offset + size / 2, -0.25, FIELD_NOTES[fname], ha="center", va="top", fontsize=7.5, rotation=0)
