@@ -405,7 +405,7 @@ class Qwen3Engine:
 
         self.max_context = context
         self.cache = KVCache(L, c.num_key_value_heads, hd, self.max_context)
-        self._cos, self._sin = rope_cos_sin(np.arange(self.max_context), hd, c.rope_theta)
+        self._cos, self._sin = rope_cos_sin(np.arange(self.max_context), hd, c.rope_theta, c.rope_scaling)
         # The rope position is not the cache length once an image is in the cache (MRoPE: an image of
         # H'×W' tokens advances the position by max(H', W') only). ``_rope_next[n]`` is the position the
         # next token takes when the cache holds n tokens, so decode, truncate and reuse all read it.
@@ -649,12 +649,12 @@ class Qwen3Engine:
             self._rope_next[pos0 + 1:pos0 + T + 1] = r0 + 1 + np.arange(T)
             if r0 + T <= self.max_context:
                 return self._cos[r0:r0 + T], self._sin[r0:r0 + T]
-            return rope_cos_sin(np.arange(r0, r0 + T), c.head_dim, c.rope_theta)
+            return rope_cos_sin(np.arange(r0, r0 + T), c.head_dim, c.rope_theta, c.rope_scaling)
         nxt = np.maximum.accumulate(np.concatenate([[r0], positions.max(axis=0) + 1]))
         self._rope_next[pos0 + 1:pos0 + T + 1] = nxt[1:]
         # transformers' Qwen3-VL always interleaves (it never reads ``mrope_interleaved``)
         return mrope_cos_sin(positions, c.head_dim, c.rope_theta, c.mrope_section,
-                             c.mrope_interleaved or c.arch == "qwen3_vl")
+                             c.mrope_interleaved or c.arch == "qwen3_vl", c.rope_scaling)
 
     def _embed(self, ids: np.ndarray) -> np.ndarray:
         if self.embed_qtype == Q.F16.id:

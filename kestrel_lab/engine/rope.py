@@ -21,6 +21,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from kestrel_lab import rope_scaling
+
 
 def inv_freq(head_dim: int, theta: float) -> np.ndarray:
     """``theta^(-2i/D)`` for i < D/2, in float32 as transformers computes it. Taught in day09_1."""
@@ -30,14 +32,18 @@ def inv_freq(head_dim: int, theta: float) -> np.ndarray:
     return (np.float32(1.0) / (np.float32(theta) ** expo)).astype(np.float32)
 
 
-def rope_cos_sin(positions, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin tables (n, D/2) float32 for the given 1-D positions. Taught in day09_2."""
+def rope_cos_sin(positions, head_dim: int, theta: float, scaling=None) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin tables (n, D/2) float32 for the given 1-D positions; ``scaling``: the config's linear
+    or yarn ``rope_scaling`` (``kestrel_lab.rope_scaling``), None for plain RoPE. Taught in day09_2."""
+    if scaling is not None:
+        return rope_scaling.cos_sin(positions, head_dim, theta, scaling)
     pos = np.asarray(positions, dtype=np.float32).reshape(-1)
     ang = pos[:, None] * inv_freq(head_dim, theta)[None, :]
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
 
-def mrope_cos_sin(positions3, head_dim: int, theta: float, mrope_section, interleaved: bool = False):
+def mrope_cos_sin(positions3, head_dim: int, theta: float, mrope_section, interleaved: bool = False,
+                  scaling=None):
     """cos and sin tables (n, D/2) for 3-D positions (3, n) = (t, h, w), Qwen3-VL's MRoPE.
 
     Frequency index ``i`` takes its angle from component ``c(i)``: with ``interleaved`` (Qwen3-VL),
@@ -50,8 +56,8 @@ def mrope_cos_sin(positions3, head_dim: int, theta: float, mrope_section, interl
         raise ValueError(f"positions3 must have shape (3, n), got {p.shape}")
     half = head_dim // 2
     sec = list(mrope_section)
-    if sum(sec) != half:
-        raise ValueError(f"mrope_section {sec} must sum to head_dim/2 = {half}")
+    if sum(sec) != half or len(sec) != 3:
+        raise ValueError(f"mrope_section {sec} must be 3 sections (t, h, w) summing to head_dim/2 = {half}")
     comp = np.zeros(half, dtype=np.int64)
     if interleaved:
         for c in (1, 2):
@@ -60,8 +66,10 @@ def mrope_cos_sin(positions3, head_dim: int, theta: float, mrope_section, interl
     else:
         comp[sec[0]:sec[0] + sec[1]] = 1
         comp[sec[0] + sec[1]:] = 2
-    ang = p[comp, :].T * inv_freq(head_dim, theta)[None, :]   # (n, half): position of each index's component
-    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    freq = inv_freq(head_dim, theta) if scaling is None else rope_scaling.inv_freq(head_dim, theta, scaling)
+    ang = p[comp, :].T * freq[None, :]   # (n, half): position of each index's component
+    a = rope_scaling.attention_factor(scaling)
+    return (np.cos(ang) * a).astype(np.float32), (np.sin(ang) * a).astype(np.float32)
 
 
 @njit(cache=True)

@@ -203,7 +203,7 @@ def _parse(path: Path, mm: mmap.mmap, size: int, verify: bool, key_file=None) ->
 
     buf = memoryview(mm)
     try:
-        h = F.unpack_header_raw(buf[:F.HEADER_END])
+        h = F.unpack_header_raw(buf[:F.DIR_OFFSET])     # header, VQFSig and the RoPE block
     finally:
         buf.release()
     # ---- identity
@@ -223,7 +223,7 @@ def _parse(path: Path, mm: mmap.mmap, size: int, verify: bool, key_file=None) ->
         hbad("n_tensors", f"{n:,} exceeds the format's limit of {F.MAX_TENSORS:,}")
     if dir_end > size:
         hbad("n_tensors", f"{n:,} entries end at byte {dir_end:,}, past the file's {size:,} bytes")
-    for name, want in (("dir_offset", F.DIR_OFFSET), ("entry_size", F.ENTRY_SIZE), ("reserved0", 0)):
+    for name, want in (("dir_offset", F.DIR_OFFSET), ("entry_size", F.ENTRY_SIZE)):
         if h[name] != want:
             hbad(name, f"{h[name]} must be {want} in version {F.VERSION}")
     d0, fl = h["data_offset"], h["file_len"]
@@ -249,8 +249,10 @@ def _parse(path: Path, mm: mmap.mmap, size: int, verify: bool, key_file=None) ->
         hbad("flags", f"VISION (0x4) is {'set' if flags & 4 else 'clear'} but vision_depth is "
                       f"{h['vision_depth']}")
     # ---- padding that is not hashed must be zero (so a file has one valid byte image)
-    for lo, hi, what in ((F.HEADER_END, F.DIR_OFFSET, "padding after VQFSig"),
-                         (dir_end, d0, "padding between directory and data")):
+    pads = [(dir_end, d0, "padding between directory and data")]
+    if not h["rope_type"]:
+        pads.insert(0, (F.ROPE_OFFSET, F.ROPE_END, "RoPE block (rope_type is 0)"))
+    for lo, hi, what in pads:
         seg = mm[lo:hi]
         if seg.strip(b"\x00"):
             bad(what, lo + len(seg) - len(seg.lstrip(b"\x00")), "not zero")
@@ -265,15 +267,20 @@ def _parse(path: Path, mm: mmap.mmap, size: int, verify: bool, key_file=None) ->
 
     config = config_for_directory(config, [e.name for e in entries])  # an MoE file's dense layers
     try:
-        expected = {s.name: s for s in plan(config)}
-        # the qtypes a converter may give each entry: the union over every --quant
-        allowed = {}
-        for quant in QUANTS:
-            for s in plan(config, quant):
-                allowed.setdefault(s.name, set()).add(s.qtype)
+        expected = {s.name: s for s in plan(config, "f32")}   # F32 takes any shape
     except ValueError as e:
         raise VQFFormatError(f"{where}: the header's model configuration (bytes 16..184) gives no valid "
                              f"layout: {e}") from None
+    # the qtypes a converter may give each entry: the union over every --quant that can hold the shapes
+    # (a quantized format needs its block size; the directory's own entries were checked against theirs)
+    allowed = {}
+    for quant in QUANTS:
+        try:
+            specs = plan(config, quant)
+        except ValueError:
+            continue
+        for s in specs:
+            allowed.setdefault(s.name, set()).add(s.qtype)
     tensors, unknown = {}, []
     for e in entries:
         s = expected.get(e.name)
