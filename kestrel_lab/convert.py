@@ -244,8 +244,12 @@ def convert(hf_dir: str | os.PathLike, out_path: str | os.PathLike, quant: str =
     qt = resolve_quant(quant)                     # the one reading of the quant name
     with open_checkpoint(hf_dir) as ck:
         cfg = ModelConfig.from_hf(ck.config_path)
-        # the one plan: tensors, offsets, geometry (for MoE, from the experts' keys this checkpoint has)
-        fp = plan_file(cfg, qt, specs=plan(cfg, qt, experts=expert_keys(ck, cfg)))
+        # the one plan: tensors, offsets, geometry (for MoE, from the experts' keys this checkpoint has);
+        # a quantization that cannot hold a shape is refused here, before a byte is written
+        try:
+            fp = plan_file(cfg, qt, specs=plan(cfg, qt, experts=expert_keys(ck, cfg)))
+        except ValueError as e:
+            raise ConversionError(f"{ck.config_path}: --quant {qt.name.lower()}: {e}") from None
         specs = fp.specs
         check_sources(ck, specs)
         used = {split_source(src)[0] for s in specs for src in s.sources}
