@@ -4,9 +4,12 @@ The reference is ``Qwen2VLImageProcessorPil`` (transformers 5.24; Qwen3-VL reuse
 with Qwen3-VL's ``preprocessor_config.json``: patch 16, temporal patch 2, merge 2, mean = std = 0.5,
 min/max pixels 65,536 / 16,777,216. Step by step:
 
-1. **RGB**: an image with alpha (or a palette transparency) is composited onto white, anything else goes
-   through Pillow's ``convert("RGB")`` (transformers' ``convert_to_rgb``); a file is opened with its EXIF
-   orientation applied first (transformers' ``load_image``).
+1. **RGB**, as transformers does given the same input. A **file** is what ``transformers.image_utils.load_image``
+   makes of the path — EXIF orientation applied, then Pillow's ``convert("RGB")``, which *drops* alpha: a
+   transparent pixel keeps whatever colour it stores (qwen-vl-utils would composite it onto white first;
+   the reference chosen here is transformers, which Qwen3-VL's model card calls with paths and URLs) —
+   except a palette PNG's transparent index, whose colour the processor's ``convert_to_rgb`` turns white. A
+   **PIL image** or an array with alpha is composited onto white (transformers' ``convert_to_rgb``).
 2. **smart resize**: each side to a multiple of 32 (patch × merge) with Python's ``round`` — which rounds
    halves to *even*, so 336 px → 320, not 352 — then scaled into [min_pixels, max_pixels] keeping the
    aspect ratio; an aspect ratio above 200 is refused.
@@ -18,7 +21,10 @@ min/max pixels 65,536 / 16,777,216. Step by step:
 
 Bad input fails early with ``VisionInputError`` naming the file and what is wrong, before any large
 buffer exists: the size is read from the header and checked (0×0, aspect, ``max_source_pixels``) before
-a pixel is decoded. numpy + Pillow only.
+a pixel is decoded. So is the token budget: with ``max_tokens``, the image tokens the resize would give are
+counted from the header's size; a picture that would not fit is refused before decoding (naming the file
+and ``--max-pixels``), or with ``fit=True`` resized to fit — ``max_pixels`` lowered to ``max_tokens`` ×
+(patch · merge)², as Qwen's own ``max_pixels`` does — and ``ImageInput.note`` says so. numpy + Pillow only.
 
 Taught in day20_3.
 """
@@ -36,7 +42,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from kestrel_lab.limits import BOUND
 from kestrel_lab.vision.prompt import image_key
 
-__all__ = ["VisionInputError", "ImageInput", "load_image", "smart_resize", "to_rgb", "normalize",
+__all__ = ["VisionInputError", "ImageInput", "TokenBudget", "load_image", "smart_resize", "to_rgb", "normalize",
            "patchify", "MIN_PIXELS", "MAX_PIXELS", "MAX_SOURCE_PIXELS", "IMAGE_MEAN", "IMAGE_STD"]
 
 #: Qwen3-VL's preprocessor_config.json: size.shortest_edge / size.longest_edge (pixels after resizing).
@@ -79,6 +85,7 @@ class ImageInput:
     source: str
     key: str
     merge_size: int = 2
+    note: str = ""      # set when the picture was scaled down to fit a token budget
 
     @property
     def n_tokens(self) -> int:
@@ -168,8 +175,17 @@ def patchify(chw: np.ndarray, patch_size: int = 16, temporal_patch_size: int = 2
     return np.ascontiguousarray(x.reshape(gh * gw, c * temporal_patch_size * p * p)), (1, gh, gw)
 
 
-def _open(path: Path, max_source_pixels: int) -> Image.Image:
-    """Open a file and check its header before decoding a pixel."""
+def _upright_size(im: Image.Image) -> tuple[int, int]:
+    """(width, height) once the EXIF orientation is applied, read before decoding."""
+    try:
+        turned = im.getexif().get(0x0112) in (5, 6, 7, 8)
+    except Exception:  # noqa: BLE001 — an unreadable EXIF block: transformers' exif_transpose ignores it too
+        turned = False
+    return (im.size[1], im.size[0]) if turned else im.size
+
+
+def _open(path: Path, max_source_pixels: int, budget=None) -> Image.Image:
+    """Open a file and check its header (and, with ``budget``, its token count) before decoding a pixel."""
     if not path.is_file():
         raise VisionInputError(f"{path}: no such file")
     try:
@@ -184,6 +200,8 @@ def _open(path: Path, max_source_pixels: int) -> Image.Image:
         raise VisionInputError(f"{path}: not an image Pillow can read (first bytes {head!r}): {e}") from None
     try:
         _check_size(im.size, str(path), max_source_pixels)
+        if budget is not None:
+            budget(_upright_size(im))
         try:
             im.load()
         except (OSError, SyntaxError, ValueError) as e:
@@ -220,13 +238,58 @@ def _check_mode(im: Image.Image, where: str) -> None:
             "PIL.ImageCms for CIELAB)")
 
 
+@dataclass
+class TokenBudget:
+    """How many image tokens a picture may take, and what to do when it would take more: refuse (naming the
+    file and ``--max-pixels``) or, with ``fit``, lower ``max_pixels`` until it fits. Taught in day20_3."""
+
+    max_tokens: int
+    fit: bool
+    min_pixels: int
+    max_pixels: int
+    factor: int
+    where: str = ""
+    note: str = ""
+
+    def check(self, size: tuple[int, int]) -> None:
+        """Count the tokens of a (width, height) source; refuse or lower ``max_pixels`` (``VisionInputError``)."""
+        w, h = size
+        f2 = self.factor * self.factor
+        try:
+            tokens = _tokens(h, w, self.factor, self.min_pixels, self.max_pixels)
+        except ValueError as e:
+            raise VisionInputError(f"{self.where}: {e}") from None
+        if tokens <= self.max_tokens:
+            return
+        if not self.fit or self.max_tokens < 1:
+            raise VisionInputError(
+                f"{self.where}: {w}×{h} resizes to {tokens:,} image tokens, but {max(self.max_tokens, 0):,} are left "
+                f"in the context; nothing was decoded — pass a smaller --max-pixels (at most "
+                f"{max(self.max_tokens, 1) * f2:,}, i.e. {max(self.max_tokens, 1):,} tokens of {self.factor}×{self.factor} "
+                f"pixels), or a longer --ctx if the model allows it")
+        self.max_pixels = self.max_tokens * f2
+        self.min_pixels = min(self.min_pixels, self.max_pixels)
+        fitted = _tokens(h, w, self.factor, self.min_pixels, self.max_pixels)
+        self.note = (f"{self.where}: {w}×{h} would take {tokens:,} image tokens, {self.max_tokens:,} are left in the "
+                     f"context: scaled to fit (max_pixels {self.max_pixels:,}, {fitted:,} tokens); pass --max-pixels "
+                     f"to choose the size")
+
+
+def _tokens(h: int, w: int, factor: int, min_pixels: int, max_pixels: int) -> int:
+    hb, wb = smart_resize(h, w, factor, min_pixels, max_pixels)
+    return (hb // factor) * (wb // factor)
+
+
 def load_image(src, *, vision=None, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS,
                patch_size: int = 16, temporal_patch_size: int = 2, merge_size: int = 2,
-               max_source_pixels: int = MAX_SOURCE_PIXELS) -> ImageInput:
+               max_source_pixels: int = MAX_SOURCE_PIXELS, max_tokens: int | None = None,
+               fit: bool = False) -> ImageInput:
     """A path, a PIL image or an (H, W, 3) uint8 array → ``ImageInput`` (pixel_values, grid_thw, …).
 
     ``vision``: a ``config.VisionConfig`` (e.g. a VQF header's ``ModelConfig.vision``) — its patch size,
-    temporal patch and merge size then replace the keyword defaults. Raises ``VisionInputError``.
+    temporal patch and merge size then replace the keyword defaults. ``max_tokens``: the image tokens the
+    picture may take (checked from the header's size, before decoding); beyond it the picture is refused,
+    or with ``fit`` scaled down to fit (``ImageInput.note`` says so). Raises ``VisionInputError``.
     Taught in day20_3.
     """
     if vision is not None:
@@ -234,29 +297,47 @@ def load_image(src, *, vision=None, min_pixels: int = MIN_PIXELS, max_pixels: in
             raise ValueError(f"vision config has in_channels={vision.in_channels}; only RGB (3) is supported")
         patch_size, temporal_patch_size = vision.patch_size, vision.temporal_patch_size
         merge_size = vision.spatial_merge_size
-    if isinstance(src, (str, os.PathLike)):
-        path = Path(src)
-        where = str(path)
-        im = _open(path, max_source_pixels)
-        _check_mode(im, where)
-        rgb, source = to_rgb(im), path.name
-    elif isinstance(src, Image.Image):
-        where = source = "<PIL image>"
-        _check_size(src.size, where, max_source_pixels)
-        _check_mode(src, where)
-        rgb = to_rgb(src)
-    elif isinstance(src, np.ndarray):
-        where = source = "<array>"
-        if src.ndim >= 2:
-            _check_size((src.shape[1], src.shape[0]), where, max_source_pixels)
-        rgb = _array_to_rgb(src, where)
-    else:
-        raise TypeError(f"load_image: expected a path, a PIL image or a numpy array, got {type(src).__name__}")
+    where = str(src) if isinstance(src, (str, os.PathLike)) else "<PIL image>" if isinstance(src, Image.Image) \
+        else "<array>"
+    budget = None if max_tokens is None else TokenBudget(int(max_tokens), fit, min_pixels, max_pixels,
+                                                         patch_size * merge_size, where)
+    rgb, source = _rgb_of(src, where, max_source_pixels, budget)
+    if budget is not None:
+        budget.check((rgb.shape[1], rgb.shape[0]))   # the decoded size (an EXIF block read only on decoding)
+        min_pixels, max_pixels = budget.min_pixels, budget.max_pixels
     h0, w0 = rgb.shape[:2]
     try:
         h, w = smart_resize(h0, w0, patch_size * merge_size, min_pixels, max_pixels)
     except ValueError as e:
         raise VisionInputError(f"{where}: {e}") from None
     resized = np.array(Image.fromarray(rgb).resize((w, h), resample=Image.Resampling.BICUBIC))
+    del rgb
     pixel_values, grid = patchify(normalize(resized), patch_size, temporal_patch_size, merge_size)
-    return ImageInput(pixel_values, grid, (w, h), (w0, h0), source, image_key(pixel_values, grid), merge_size)
+    return ImageInput(pixel_values, grid, (w, h), (w0, h0), source, image_key(pixel_values, grid), merge_size,
+                      budget.note if budget is not None else "")
+
+
+def _rgb_of(src, where: str, max_source_pixels: int, budget: TokenBudget | None) -> tuple[np.ndarray, str]:
+    """(H, W, 3) uint8 of a path (transformers' ``load_image``: alpha dropped), a PIL image or an array
+    (alpha composited onto white), and the name the ``ImageInput`` keeps; sizes checked before decoding."""
+    check = budget.check if budget is not None else None
+    if isinstance(src, (str, os.PathLike)):
+        path = Path(src)
+        im = _open(path, max_source_pixels, check)
+        _check_mode(im, where)
+        # load_image's convert("RGB"), then the processor's convert_to_rgb: a palette image's transparent
+        # index survives the first as an RGB colour in ``info``, and the second turns that colour white
+        return to_rgb(im.convert("RGB")), path.name
+    if isinstance(src, Image.Image):
+        _check_size(src.size, where, max_source_pixels)
+        if check:
+            check(src.size)
+        _check_mode(src, where)
+        return to_rgb(src), where
+    if isinstance(src, np.ndarray):
+        if src.ndim >= 2:
+            _check_size((src.shape[1], src.shape[0]), where, max_source_pixels)
+            if check:
+                check((src.shape[1], src.shape[0]))
+        return _array_to_rgb(src, where), where
+    raise TypeError(f"load_image: expected a path, a PIL image or a numpy array, got {type(src).__name__}")
