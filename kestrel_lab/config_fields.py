@@ -16,7 +16,7 @@ initialisation, dtype, bookkeeping).
 
 The VQF header stores every ``shape``/``math`` field that a file needs (``vqf.format``); its reader checks
 the same bounds and the same implemented values (``check_implemented``). book/formats/vqf.md shows the
-table (``spec_table``). Taught in day27_1.
+table (``spec_table``). Taught in day24_3.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ class ConfigField:
     ``kind``: int | float | bool | str | ints (list of integers) | strs | token (an id, a list of ids
     or null) | object | any. ``allowed``: the values the engine implements (empty: any value within the
     bound); another value is refused with ``refuse`` as the reason. ``places``: other (section, key)
-    spellings read when this one is absent, in transformers' priority order. Taught in day27_1.
+    spellings read when this one is absent, in transformers' priority order. Taught in day24_3.
     """
 
     section: str
@@ -207,7 +207,7 @@ KIND_TEXT = {"int": "an integer", "float": "a number", "bool": "true or false", 
 
 
 def type_ok(kind: str, v) -> bool:
-    """``v`` is of JSON kind ``kind`` (booleans are never numbers). Taught in day27_1."""
+    """``v`` is of JSON kind ``kind`` (booleans are never numbers). Taught in day24_3."""
     def is_int(x):
         return isinstance(x, int) and not isinstance(x, bool)
 
@@ -231,7 +231,7 @@ def type_ok(kind: str, v) -> bool:
 
 
 def allowed_ok(f: ConfigField, v) -> bool:
-    """``v`` (of the right kind) is a value the engine implements. Taught in day27_1."""
+    """``v`` (of the right kind) is a value the engine implements. Taught in day24_3."""
     if not f.allowed or v is None:
         return True
     items = v if f.kind == "strs" else [v]
@@ -254,7 +254,7 @@ def check_implemented(cfg) -> tuple[str, str] | None:
     """(ModelConfig path, why) of the first value of ``cfg`` outside the implemented ones, or None.
 
     The VQF reader's half of the table: a header can name a vision activation or a rope type that the
-    engine does not implement. Taught in day27_1."""
+    engine does not implement. Taught in day24_3."""
     if cfg.vision is not None:
         f = FIELD["vision.hidden_act"]
         if not allowed_ok(f, cfg.vision.hidden_act):
@@ -266,7 +266,7 @@ def check_implemented(cfg) -> tuple[str, str] | None:
 
 
 def spec_table() -> str:
-    """Markdown: every field with section, type, use, bound or implemented values, meaning. Taught in day27_1."""
+    """Markdown: every field with section, type, use, bound or implemented values, meaning. Taught in day24_3."""
     from kestrel_lab.limits import BOUND
 
     where = {"top": "顶层", "text": "文本模型", "rope": "rope_parameters", "vision": "vision_config",

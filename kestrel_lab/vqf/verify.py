@@ -6,7 +6,7 @@ the header against the directory — every entry the configuration implies must 
 shape — which confirms every field that sets a shape. The fields that change the math without changing a
 shape (``UNCONFIRMED``) can only be checked against their source: ``compare_config`` compares the header's
 ``ModelConfig`` with a config.json field by field and names each difference with its header field and
-offset. Taught in day16_3.
+offset. Taught in day24_3.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _header_field(name: str) -> str:
 
 def compare_config(header: ModelConfig, config_json) -> list[str]:
     """Each field where the header's configuration differs from ``config_json``'s (a path or folder), as
-    "header field at offset N: header X, config.json Y". Taught in day16_3."""
+    "header field at offset N: header X, config.json Y". Taught in day24_3."""
     want = ModelConfig.from_hf(config_json)
     if want.arch == "qwen3_moe":   # a file records the dense layers only as its directory's entries
         want = dataclasses.replace(want, decoder_sparse_step=1)
