@@ -228,7 +228,7 @@ class _Walk:
         self.read_keys: set[tuple[int, str]] = set()     # (id of the section's dict, key)
         if not isinstance(cfg, dict):
             raise ConfigError(f"{where}: the top level is {_kind(cfg)}, expected a JSON object")
-        self.sections, self.prefix = {"top": cfg}, {"top": ""}
+        self.sections, self.prefix, self.arch = {"top": cfg}, {"top": ""}, ""
         self.read(CF.FIELD["top.model_type"])
         self.arch = self.values["top.model_type"]
         self._sections(cfg)
@@ -287,15 +287,19 @@ class _Walk:
             d = self.sections.get(sect)
             if d is not None and key in d:
                 self.mark(sect, key)
+                if d[key] is None and not f.nullable:
+                    self.fail(self.path(sect, key), "is null: transformers refuses a null here; write a value "
+                                                    "(or leave the key out where a default is documented)")
             if d is not None and d.get(key) is not None:
                 value, path = d[key], self.path(sect, key)
                 break
         else:
-            if f.default is CF.REQUIRED:
-                also = "".join(f" (nor is '{self.path(s, k)}' set)" for s, k in f.places)
-                self.fail(self.path(f.section, f.key), "is missing" + also)
-            value = f.default(self.values) if callable(f.default) else f.default
             path = self.path(f.section, f.key)
+            default = f.default_for(self.arch)
+            if default is CF.REQUIRED:
+                also = "".join(f" (nor is '{self.path(s, k)}' set)" for s, k in f.places)
+                self.fail(path, "is missing" + also + (f"; {f.meaning}" if "absent" in f.meaning else ""))
+            value = default(self.values) if callable(default) else default
         if not CF.type_ok(f.kind, value) and value is not None:
             self.fail(path, f"expected {CF.KIND_TEXT[f.kind]}, got {_kind(value)}"
                       + (f" ({f.refuse})" if f.allowed else ""))

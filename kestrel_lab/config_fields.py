@@ -50,7 +50,8 @@ class ConfigField:
     use: str
     meaning: str
     target: str = ""              # ModelConfig attribute (its bound: limits.BOUND[target]); "" = checked only
-    default: object = REQUIRED    # a value, a callable of the values read so far, or REQUIRED
+    default: object = REQUIRED    # a value, a callable of the values read so far, REQUIRED, or {arch: one of these}
+    nullable: bool = False        # an explicit null means "absent" (else it is refused: transformers refuses it)
     allowed: tuple = ()
     refuse: str = ""
     archs: tuple = ()             # () = every architecture
@@ -60,6 +61,11 @@ class ConfigField:
     @property
     def id(self) -> str:
         return f"{self.section}.{self.key}"
+
+    def default_for(self, arch: str):
+        """The default when the key is absent: the same as transformers' config class gives, or REQUIRED
+        where that is a fixed number copied from some other model (Qwen3Config's head_dim 128)."""
+        return self.default.get(arch, REQUIRED) if isinstance(self.default, dict) else self.default
 
     def applies(self, arch: str, rope_type: str | None) -> bool:
         return ((not self.archs or arch in self.archs)
@@ -83,7 +89,7 @@ def _f(*a, **k) -> ConfigField:
 
 
 def _no_effect(section: str, keys: str, why: str) -> list[ConfigField]:
-    return [ConfigField(section, k, "any", "none", why, default=None) for k in keys.split()]
+    return [ConfigField(section, k, "any", "none", why, default=None, nullable=True) for k in keys.split()]
 
 
 ROPE_WHY = {k: f"{v}: not implemented" for k, v in REFUSED_ROPE.items()}
@@ -96,10 +102,13 @@ FIELDS: tuple[ConfigField, ...] = (
     _f("text", "vocab_size", "int", "shape", "token embedding rows", "vocab_size"),
     _f("text", "hidden_size", "int", "shape", "model width", "hidden_size"),
     _f("text", "num_attention_heads", "int", "shape", "query heads", "num_attention_heads"),
-    _f("text", "num_key_value_heads", "int", "shape", "key/value heads (GQA); absent: one per query head",
-       "num_key_value_heads", default=lambda v: v["text.num_attention_heads"]),
-    _f("text", "head_dim", "int", "shape", "width of one head; absent: hidden_size / num_attention_heads",
-       "head_dim", default=lambda v: v["text.hidden_size"] // v["text.num_attention_heads"]),
+    # Absent, transformers' classes take fixed numbers (num_key_value_heads 32, or 4 for Qwen3-MoE; Qwen3's
+    # head_dim 128): refused as missing rather than guessed.
+    _f("text", "num_key_value_heads", "int", "shape", "key/value heads (GQA); absent: refused (transformers "
+       "would take its class default, 32 or 4)", "num_key_value_heads"),
+    _f("text", "head_dim", "int", "shape", "width of one head; absent (Qwen2, Qwen3-MoE): hidden_size / "
+       "num_attention_heads; absent in Qwen3 / Qwen3-VL: refused (transformers would take 128)", "head_dim",
+       default={a: (lambda v: v["text.hidden_size"] // v["text.num_attention_heads"]) for a in ("qwen2", "qwen3_moe")}),
     _f("text", "intermediate_size", "int", "shape", "dense SwiGLU width", "intermediate_size"),
     _f("text", "num_hidden_layers", "int", "shape", "decoder layers", "num_hidden_layers"),
     _f("top", "tie_word_embeddings", "bool", "shape", "the LM head is the embedding matrix",
@@ -113,7 +122,7 @@ FIELDS: tuple[ConfigField, ...] = (
        refuse="Qwen3's attention would add biases to q, k, v and o; the Qwen3 layout has none"),
     _f("text", "use_sliding_window", "bool", "math", "sliding-window attention", default=False, allowed=(False,),
        refuse="sliding-window attention is not supported (every layer attends to the whole context)"),
-    _f("text", "layer_types", "strs", "math", "attention kind per layer", default=None,
+    _f("text", "layer_types", "strs", "math", "attention kind per layer", default=None, nullable=True,
        allowed=("full_attention",), refuse="sliding-window attention is not supported"),
     _f("rope", "rope_theta", "float", "math", "RoPE base θ (transformers: the rope dict's first, then the "
        "model's)", "rope_theta", places=(("text", "rope_theta"),)),
@@ -123,9 +132,9 @@ FIELDS: tuple[ConfigField, ...] = (
     _f("text", "max_position_embeddings", "int", "run", "context the model was made for (the KV cache's "
        "upper limit; yarn's original window when that is absent)", "max_position_embeddings"),
     _f("text", "bos_token_id", "token", "run", "begin-of-text id", "bos_token_id",
-       default=lambda v: None, places=(("top", "bos_token_id"),)),
+       default=lambda v: None, nullable=True, places=(("top", "bos_token_id"),)),
     _f("text", "eos_token_id", "token", "run", "end-of-text id (the first of a list stops generation)",
-       "eos_token_id", default=lambda v: None, places=(("top", "eos_token_id"),)),
+       "eos_token_id", default=lambda v: None, nullable=True, places=(("top", "eos_token_id"),)),
     # ---- RoPE scaling (rope_parameters / rope_scaling)
     _f("rope", "rope_type", "str", "math", "RoPE variant ('type' in older configs)", default="default",
        allowed=tuple(ROPE_TYPES), places=(("rope", "type"),),
@@ -137,19 +146,19 @@ FIELDS: tuple[ConfigField, ...] = (
        default=lambda v: v["text.max_position_embeddings"], rope_types=("yarn",),
        places=(("rope", "original_max_position_embeddings"),)),
     _f("rope", "attention_factor", "float", "math", "yarn: cos/sin multiplier (absent: 0.1·ln(factor) + 1)",
-       "rope_scaling.attention_factor", default=None, rope_types=("yarn",)),
+       "rope_scaling.attention_factor", default=None, nullable=True, rope_types=("yarn",)),
     _f("rope", "beta_fast", "float", "math", "yarn: turns in the original window above which a pair keeps its "
-       "frequency (absent: 32)", "rope_scaling.beta_fast", default=None, rope_types=("yarn",)),
+       "frequency (absent: 32)", "rope_scaling.beta_fast", default=None, nullable=True, rope_types=("yarn",)),
     _f("rope", "beta_slow", "float", "math", "yarn: turns below which a pair is fully interpolated (absent: 1)",
-       "rope_scaling.beta_slow", default=None, rope_types=("yarn",)),
+       "rope_scaling.beta_slow", default=None, nullable=True, rope_types=("yarn",)),
     _f("rope", "mscale", "float", "math", "yarn: DeepSeek's attention-factor numerator scale",
-       "rope_scaling.mscale", default=None, rope_types=("yarn",)),
+       "rope_scaling.mscale", default=None, nullable=True, rope_types=("yarn",)),
     _f("rope", "mscale_all_dim", "float", "math", "yarn: DeepSeek's attention-factor denominator scale",
-       "rope_scaling.mscale_all_dim", default=None, rope_types=("yarn",)),
+       "rope_scaling.mscale_all_dim", default=None, nullable=True, rope_types=("yarn",)),
     _f("rope", "truncate", "bool", "math", "yarn: round the ramp's ends to whole pairs", default=True,
        rope_types=("yarn",)),
-    _f("rope", "mrope_section", "ints", "math", "MRoPE split of the pairs between t, h, w", "mrope_section",
-       default=None, archs=VL),
+    _f("rope", "mrope_section", "ints", "math", "MRoPE split of the pairs between t, h, w (absent: refused; "
+       "transformers would take [24, 20, 20])", "mrope_section", archs=VL),
     _f("rope", "mrope_interleaved", "bool", "math", "MRoPE pairs interleaved t,h,w (Qwen3-VL always is)",
        "mrope_interleaved", default=False, archs=VL),
     # ---- Qwen3-MoE
@@ -161,6 +170,7 @@ FIELDS: tuple[ConfigField, ...] = (
     _f("text", "norm_topk_prob", "bool", "math", "renormalise the chosen experts' weights (absent: false)",
        "norm_topk_prob", default=False, archs=MOE),
     _f("text", "mlp_only_layers", "ints", "shape", "layers whose FFN is dense", "mlp_only_layers", default=None,
+       nullable=True,
        archs=MOE),
     _f("text", "decoder_sparse_step", "int", "shape", "every step-th layer is sparse", "decoder_sparse_step",
        default=1, archs=MOE),
@@ -179,8 +189,8 @@ FIELDS: tuple[ConfigField, ...] = (
         ("patch_size", "patch side in pixels"), ("temporal_patch_size", "frames per patch"),
         ("spatial_merge_size", "patches merged per side into one token"),
         ("out_hidden_size", "merger output width"), ("num_position_embeddings", "learned position rows"))),
-    _f("vision", "deepstack_visual_indexes", "ints", "shape", "blocks feeding the DeepStack mergers",
-       "vision.deepstack_visual_indexes", default=None, archs=VL),
+    _f("vision", "deepstack_visual_indexes", "ints", "shape", "blocks feeding the DeepStack mergers (absent: "
+       "refused; transformers would take [8, 16, 24])", "vision.deepstack_visual_indexes", archs=VL),
     _f("vision", "hidden_act", "str", "math", "the vision MLP's activation", "vision.hidden_act",
        default="gelu_pytorch_tanh", allowed=("gelu_pytorch_tanh",), archs=VL,
        refuse="the vision tower implements the tanh GELU only"),

@@ -77,6 +77,18 @@ REFUSED = [
     ("qwen3_vl", "image_token_id", 5, "image_token_id", r"is 5: not implemented .*<\|image_pad\|>"),
     ("qwen3_vl", "vision_config.depth", _DEL, "vision_config.depth", r"is missing"),
     ("qwen3", "model_type", "llama", "model_type", r"is 'llama': not implemented — supported: Qwen3"),
+    # ---- absent keys whose transformers default is a number copied from another model: never guessed
+    ("qwen3", "num_key_value_heads", _DEL, "num_key_value_heads", r"is missing; .*class default, 32 or 4"),
+    ("qwen3", "head_dim", _DEL, "head_dim", r"is missing; .*transformers would take 128"),
+    ("qwen3_vl", "vision_config.deepstack_visual_indexes", _DEL, "vision_config.deepstack_visual_indexes",
+     r"is missing; .*\[8, 16, 24\]"),
+    ("qwen3_vl", "text_config.rope_parameters.mrope_section", _DEL, "text_config.rope_parameters.mrope_section",
+     r"is missing; .*\[24, 20, 20\]"),
+    # ---- explicit nulls where transformers refuses one (or, for truncate, would read it as false)
+    ("qwen3", "tie_word_embeddings", None, "tie_word_embeddings", r"is null: transformers refuses a null here"),
+    ("qwen3_moe", "norm_topk_prob", None, "norm_topk_prob", r"is null"),
+    ("qwen3", "rope_parameters", {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6, "truncate": None},
+     "rope_parameters.truncate", r"is null"),
 ]
 
 
@@ -116,6 +128,10 @@ ACCEPTED = [
     ("qwen3", "eos_token_id", [151645, 151643], lambda c: c.eos_token_id == 151645),
     # Qwen2Config has no attention_bias (its q/k/v always have a bias, o never): not read, and listed as such
     ("qwen2", "attention_bias", True, lambda c: c.ignored == ("attention_bias",)),
+    ("qwen2", "head_dim", _DEL, lambda c: c.head_dim == 64 // 4),        # Qwen2 derives it, as transformers does
+    ("qwen3", "bos_token_id", None, lambda c: c.bos_token_id is None),
+    ("qwen3", "rope_parameters", {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6, "beta_fast": None},
+     lambda c: c.rope_scaling is not None),                             # transformers: `beta_fast or 32`
 ]
 
 

@@ -60,7 +60,7 @@ def test_frequencies_and_attention_factor_equal_transformers(params, theta, head
     p = dict(params, rope_theta=theta)
     inv, att = _hf_rope(p, head_dim)
     cfg = ModelConfig.from_hf({"model_type": "qwen3", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 64,
-                               "num_hidden_layers": 1, "num_attention_heads": 4, "head_dim": head_dim,
+                               "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": head_dim,
                                "max_position_embeddings": 1 << 17, "rope_parameters": p})
     ours = R.inv_freq(head_dim, theta, cfg.rope_scaling)
     # bit-exact but for torch's float32 pow, which can be one ulp off the correctly rounded power
@@ -138,7 +138,8 @@ def test_the_scaling_travels_in_the_header(scaled):
 
 def test_yarn_defaults_and_spellings():
     base = {"model_type": "qwen3", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 64,
-            "num_hidden_layers": 1, "num_attention_heads": 4, "head_dim": 32, "max_position_embeddings": 4096}
+            "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+            "max_position_embeddings": 4096}
     hf5 = ModelConfig.from_hf({**base, "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6}})
     # original_max_position_embeddings absent: transformers takes max_position_embeddings
     assert hf5.rope_scaling == R.yarn(4.0, 32, 1e6, 4096)
