@@ -4,7 +4,6 @@ a hidden size of 48, converted to F32/F16 and run against transformers, prefill 
 odd expert and dense widths too."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is a reference dependency (requirements-ref.txt)")
