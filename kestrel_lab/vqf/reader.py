@@ -216,28 +216,7 @@ def _parse(path: Path, mm: mmap.mmap, size: int, verify: bool, key_file=None) ->
         hbad("flags", f"0x{flags:x} sets unknown bits 0x{flags & ~F.KNOWN_FLAGS:x} (known: "
                       f"{', '.join(f'{f.name}=0x{f.mask:x}' for f in F.FLAGS)})")
     protect.check_header(where, h)   # FNV_TRAILER xor ENCRYPTED; the encryption fields (388..432)
-    trailer = protect.trailer_bytes(flags)
-    n = h["n_tensors"]
-    dir_end = F.DIR_OFFSET + F.ENTRY_SIZE * n
-    if n > F.MAX_TENSORS:
-        hbad("n_tensors", f"{n:,} exceeds the format's limit of {F.MAX_TENSORS:,}")
-    if dir_end > size:
-        hbad("n_tensors", f"{n:,} entries end at byte {dir_end:,}, past the file's {size:,} bytes")
-    for name, want in (("dir_offset", F.DIR_OFFSET), ("entry_size", F.ENTRY_SIZE)):
-        if h[name] != want:
-            hbad(name, f"{h[name]} must be {want} in version {F.VERSION}")
-    d0, fl = h["data_offset"], h["file_len"]
-    if d0 % F.PAGE:
-        hbad("data_offset", f"{d0:,} is not a multiple of {F.PAGE}")
-    if d0 < dir_end:
-        hbad("data_offset", f"{d0:,} is inside the directory (which ends at {dir_end:,})")
-    if d0 > size:
-        hbad("data_offset", f"{d0:,} is past the end of the file ({size:,} bytes)")
-    if fl < d0:
-        hbad("file_len", f"{fl:,} is before data_offset {d0:,}")
-    if fl + trailer != size:
-        hbad("file_len", f"file_len + {trailer} = {fl + trailer:,} but the file has {size:,} bytes "
-                         f"({'truncated' if size < fl + trailer else 'trailing bytes'})")
+    n, dir_end, d0, fl = _check_layout(h, size, hbad)
     # ---- VQFSig
     if h["sig_magic"] != F.SIG_MAGIC:
         hbad("sig_magic", f"{h['sig_magic']!r} is not {F.SIG_MAGIC!r}")
@@ -262,7 +241,55 @@ def _parse(path: Path, mm: mmap.mmap, size: int, verify: bool, key_file=None) ->
     if bool(flags & F.FLAG["REPACKED_8X8"]) != repacked:
         hbad("flags", f"REPACKED_8X8 (0x8) is {'set' if flags & 8 else 'clear'} but "
                       f"{'a' if repacked else 'no'} tensor is Q4_8X8L")
-    # ---- attach by name: known names must have the shapes the configuration implies
+    config, tensors, unknown, missing = _attach(where, config, entries, bad)
+    if flags & F.FLAG["ENCRYPTED"]:
+        return _decrypted(path, mm, h, config, source, tensors, unknown, missing, entries, key_file)
+    stored = struct.unpack_from("<Q", mm, fl)[0]
+    if verify:
+        arr = np.frombuffer(mm, dtype=np.uint8)
+        computed = hash_ranges(arr, n, d0, fl)
+        del arr
+        if computed != stored:
+            bad("trailer (FNV-1a 64)", fl, f"stored {stored:016x}, computed {computed:016x}: "
+                                           f"the directory or the data area is corrupt")
+    # Views of the mapping only now that every check passed: a refused file leaves no view behind, so
+    # its mapping is closed at once (not when the garbage collector gets to the traceback's frames).
+    whole = np.frombuffer(mm, dtype=np.uint8)
+    for e in entries:
+        e.data = whole[e.offset:e.offset + e.nbytes]
+    return VQFFile(path, mm, h, config, source, tensors, unknown, missing, entries, stored, bool(verify))
+
+
+def _check_layout(h: dict, size: int, hbad) -> tuple[int, int, int, int]:
+    """(n_tensors, end of the directory, data_offset, file_len), each checked against the file's size."""
+    trailer = protect.trailer_bytes(h["flags"])
+    n = h["n_tensors"]
+    dir_end = F.DIR_OFFSET + F.ENTRY_SIZE * n
+    if n > F.MAX_TENSORS:
+        hbad("n_tensors", f"{n:,} exceeds the format's limit of {F.MAX_TENSORS:,}")
+    if dir_end > size:
+        hbad("n_tensors", f"{n:,} entries end at byte {dir_end:,}, past the file's {size:,} bytes")
+    for name, want in (("dir_offset", F.DIR_OFFSET), ("entry_size", F.ENTRY_SIZE)):
+        if h[name] != want:
+            hbad(name, f"{h[name]} must be {want} in version {F.VERSION}")
+    d0, fl = h["data_offset"], h["file_len"]
+    if d0 % F.PAGE:
+        hbad("data_offset", f"{d0:,} is not a multiple of {F.PAGE}")
+    if d0 < dir_end:
+        hbad("data_offset", f"{d0:,} is inside the directory (which ends at {dir_end:,})")
+    if d0 > size:
+        hbad("data_offset", f"{d0:,} is past the end of the file ({size:,} bytes)")
+    if fl < d0:
+        hbad("file_len", f"{fl:,} is before data_offset {d0:,}")
+    if fl + trailer != size:
+        hbad("file_len", f"file_len + {trailer} = {fl + trailer:,} but the file has {size:,} bytes "
+                         f"({'truncated' if size < fl + trailer else 'trailing bytes'})")
+    return n, dir_end, d0, fl
+
+
+def _attach(where: str, config, entries, bad):
+    """(config, tensors, unknown, missing): the entries the configuration names, by name — each with the
+    shape it implies and a qtype some converter gives it — the names it does not know, and those it lacks."""
     from kestrel_lab.vqf.layout import QUANTS, config_for_directory, plan
 
     config = config_for_directory(config, [e.name for e in entries])  # an MoE file's dense layers
@@ -296,22 +323,7 @@ def _parse(path: Path, mm: mmap.mmap, size: int, verify: bool, key_file=None) ->
                 f"{' or '.join(sorted(Q.qtype(q).name for q in allowed[e.name]))}")
         tensors[e.name] = e
     missing = [name for name in expected if name not in tensors]
-    if flags & F.FLAG["ENCRYPTED"]:
-        return _decrypted(path, mm, h, config, source, tensors, unknown, missing, entries, key_file)
-    stored = struct.unpack_from("<Q", mm, fl)[0]
-    if verify:
-        arr = np.frombuffer(mm, dtype=np.uint8)
-        computed = hash_ranges(arr, n, d0, fl)
-        del arr
-        if computed != stored:
-            bad("trailer (FNV-1a 64)", fl, f"stored {stored:016x}, computed {computed:016x}: "
-                                           f"the directory or the data area is corrupt")
-    # Views of the mapping only now that every check passed: a refused file leaves no view behind, so
-    # its mapping is closed at once (not when the garbage collector gets to the traceback's frames).
-    whole = np.frombuffer(mm, dtype=np.uint8)
-    for e in entries:
-        e.data = whole[e.offset:e.offset + e.nbytes]
-    return VQFFile(path, mm, h, config, source, tensors, unknown, missing, entries, stored, bool(verify))
+    return config, tensors, unknown, missing
 
 
 def _decrypted(path, mm, h, config, source, tensors, unknown, missing, entries, key_file) -> VQFFile:
