@@ -33,7 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--tokenizer-json", help="tokenizer.json (default: the embedded Qwen3 tokenizer)")
         p.add_argument("--json", action="store_true", help="print the result as JSON")
         p.add_argument("--key-file", metavar="K", default=None,
-                       help="key file of SM4-encrypted VQF files (default: $KESTREL_KEY_FILE; `kestrel-lab vqf keygen`)")
+                       help="key file of SM4-encrypted VQF files (default: $KESTREL_KEY_FILE; "
+                            "`kestrel-lab vqf keygen`)")
     ppl.set_defaults(func=_ppl)
     kl.set_defaults(func=_kl)
 

@@ -48,9 +48,11 @@ REFUSED = [
     ("qwen3_moe", "mlp_only_layers", [0, "1"], "mlp_only_layers", r"expected a list of integers"),
     ("qwen3", "eos_token_id", "151645", "eos_token_id", r"expected a token id"),
     # ---- bounds (the limits table), checked before anything loops over them
-    ("qwen3_moe", "num_hidden_layers", 10 ** 10, "num_hidden_layers", r"10,000,000,000: expected an integer in \[1, 1,024\]"),
+    ("qwen3_moe", "num_hidden_layers", 10 ** 10, "num_hidden_layers",
+     r"10,000,000,000: expected an integer in \[1, 1,024\]"),
     ("qwen3", "num_hidden_layers", 0, "num_hidden_layers", r"expected an integer in \[1, 1,024\]"),
-    ("qwen3", "rope_parameters.rope_theta", 0.5, "rope_parameters.rope_theta", r"expected a finite number in \[10, 1e\+12\]"),
+    ("qwen3", "rope_parameters.rope_theta", 0.5, "rope_parameters.rope_theta",
+     r"expected a finite number in \[10, 1e\+12\]"),
     ("qwen3_moe", "mlp_only_layers", [2 ** 40], "mlp_only_layers", r"expected an integer in \[0, 1,023\]"),
     ("qwen3", "rope_parameters", {"rope_type": "yarn", "factor": 0.5, "rope_theta": 1e6}, "rope_parameters.factor",
      r"0\.5: expected a finite number in \[1, 1024\]"),

@@ -9,11 +9,11 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is a reference dependency (requirements-ref.txt)")
 transformers = pytest.importorskip("transformers", reason="transformers is a reference dependency")
 
-from kestrel_lab import models  # noqa: E402
-from kestrel_lab.convert import ConversionError, convert  # noqa: E402
-from kestrel_lab.engine import Qwen3Engine  # noqa: E402
-from kestrel_lab.vqf.reader import open_vqf  # noqa: E402
-from helpers.logits import compare_steps  # noqa: E402
+from kestrel_lab import models  # noqa: E402  (after importorskip)
+from kestrel_lab.convert import ConversionError, convert  # noqa: E402  (after importorskip)
+from kestrel_lab.engine import Qwen3Engine  # noqa: E402  (after importorskip)
+from kestrel_lab.vqf.reader import open_vqf  # noqa: E402  (after importorskip)
+from helpers.logits import compare_steps  # noqa: E402  (after importorskip)
 
 IDS = [3, 5, 7, 11, 13, 17, 400, 4097, 2, 9, 1000, 4000]
 CASES = {

@@ -17,14 +17,14 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is a reference dependency (requirements-ref.txt)")
 transformers = pytest.importorskip("transformers", reason="transformers is a reference dependency")
 
-from kestrel_lab import rope_scaling as R  # noqa: E402
-from kestrel_lab.config import ConfigError, ModelConfig  # noqa: E402
-from kestrel_lab.convert import convert  # noqa: E402
-from kestrel_lab.engine import Qwen3Engine  # noqa: E402
-from kestrel_lab.engine.rope import mrope_cos_sin  # noqa: E402
-from kestrel_lab.vqf import format as F  # noqa: E402
-from kestrel_lab.vqf.reader import open_vqf  # noqa: E402
-from helpers.logits import compare_steps  # noqa: E402
+from kestrel_lab import rope_scaling as R  # noqa: E402  (after importorskip)
+from kestrel_lab.config import ConfigError, ModelConfig  # noqa: E402  (after importorskip)
+from kestrel_lab.convert import convert  # noqa: E402  (after importorskip)
+from kestrel_lab.engine import Qwen3Engine  # noqa: E402  (after importorskip)
+from kestrel_lab.engine.rope import mrope_cos_sin  # noqa: E402  (after importorskip)
+from kestrel_lab.vqf import format as F  # noqa: E402  (after importorskip)
+from kestrel_lab.vqf.reader import open_vqf  # noqa: E402  (after importorskip)
+from helpers.logits import compare_steps  # noqa: E402  (after importorskip)
 
 WINDOW = 64
 ROPES = {
@@ -60,7 +60,8 @@ def test_frequencies_and_attention_factor_equal_transformers(params, theta, head
     p = dict(params, rope_theta=theta)
     inv, att = _hf_rope(p, head_dim)
     cfg = ModelConfig.from_hf({"model_type": "qwen3", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 64,
-                               "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": head_dim,
+                               "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+                               "head_dim": head_dim,
                                "max_position_embeddings": 1 << 17, "rope_parameters": p})
     ours = R.inv_freq(head_dim, theta, cfg.rope_scaling)
     # bit-exact but for torch's float32 pow, which can be one ulp off the correctly rounded power
@@ -157,7 +158,8 @@ def test_other_rope_types_are_refused_by_name(kind, tmp_path):
     doc["rope_parameters"] = {"rope_type": kind, "factor": 2.0, "rope_theta": 1e6}
     (tmp_path / "config.json").write_text(json.dumps(doc, indent=1))
     with pytest.raises(ConfigError, match=rf"config\.json: field 'rope_parameters\.rope_type' at line \d+ "
-                                          rf"\(byte \d+\): is '{kind}'.*implemented: '?default'?, '?linear'?, '?yarn'?"):
+                                          rf"\(byte \d+\): is '{kind}'.*"
+                                          r"implemented: '?default'?, '?linear'?, '?yarn'?"):
         ModelConfig.from_hf(tmp_path)
 
 

@@ -179,7 +179,7 @@ def _upright_size(im: Image.Image) -> tuple[int, int]:
     """(width, height) once the EXIF orientation is applied, read before decoding."""
     try:
         turned = im.getexif().get(0x0112) in (5, 6, 7, 8)
-    except Exception:  # noqa: BLE001 — an unreadable EXIF block: transformers' exif_transpose ignores it too
+    except Exception:  # an unreadable EXIF block: transformers' exif_transpose ignores it too
         turned = False
     return (im.size[1], im.size[0]) if turned else im.size
 
@@ -265,8 +265,8 @@ class TokenBudget:
             raise VisionInputError(
                 f"{self.where}: {w}×{h} resizes to {tokens:,} image tokens, but {max(self.max_tokens, 0):,} are left "
                 f"in the context; nothing was decoded — pass a smaller --max-pixels (at most "
-                f"{max(self.max_tokens, 1) * f2:,}, i.e. {max(self.max_tokens, 1):,} tokens of {self.factor}×{self.factor} "
-                f"pixels), or a longer --ctx if the model allows it")
+                f"{max(self.max_tokens, 1) * f2:,}, i.e. {max(self.max_tokens, 1):,} tokens of "
+                f"{self.factor}×{self.factor} pixels), or a longer --ctx if the model allows it")
         self.max_pixels = self.max_tokens * f2
         self.min_pixels = min(self.min_pixels, self.max_pixels)
         fitted = _tokens(h, w, self.factor, self.min_pixels, self.max_pixels)

@@ -592,5 +592,6 @@ def spec_tables() -> dict[str, str]:
                 f"- 明文文件尾部 {TRAILER_BYTES} 字节 FNV-1a 64；文件大小 = file_len + {TRAILER_BYTES}；"
                 f"加密文件尾部 {TAG_BYTES} 字节 HMAC-SM3 标签；文件大小 = file_len + {TAG_BYTES}",
                 f"- vision_hidden_act：{acts}；n_tensors 上限 {MAX_TENSORS}",
-                f"- rope_type：{rope_ids}；RoPE 块在 {ROPE_OFFSET}..{ROPE_END}（VQFSig 与目录之间），rope_type = 0 时全为 0",
+                f"- rope_type：{rope_ids}；RoPE 块在 {ROPE_OFFSET}..{ROPE_END}（VQFSig 与目录之间），"
+                f"rope_type = 0 时全为 0",
             ])}

@@ -366,5 +366,6 @@ def source_rows(spec: TensorSpec, shapes: dict[str, tuple[int, ...]]) -> list[in
     return out
 
 
-__all__ = ["TensorSpec", "plan", "shape_refusal", "text_specs", "vision_specs", "resolve_quant", "source_rows", "has_repacked",
+__all__ = ["TensorSpec", "plan", "shape_refusal",
+           "text_specs", "vision_specs", "resolve_quant", "source_rows", "has_repacked",
            "QUANTS", "EXPERT_KEYS", "dense_ffn_name", "split_source", "config_for_directory", "expert_runs"]

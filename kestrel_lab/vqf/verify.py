@@ -27,7 +27,8 @@ def _header_field(name: str) -> str:
     if name in _BITS:
         return f"model_bits bit {_BITS[name]} ({name}) at offset {F.HEADER_FIELD['model_bits'].offset}"
     if name == "rope_scaling":
-        return f"rope_type at offset {F.HEADER_FIELD['rope_type'].offset} and the RoPE block ({F.ROPE_OFFSET}..{F.ROPE_END})"
+        return (f"rope_type at offset {F.HEADER_FIELD['rope_type'].offset} and the RoPE block "
+                f"({F.ROPE_OFFSET}..{F.ROPE_END})")
     if name == "vision":
         return f"the vision fields ({F.HEADER_FIELD['vision_depth'].offset}..{F.HEADER_FIELD['dir_offset'].offset})"
     field = F.header_field_of(name)
