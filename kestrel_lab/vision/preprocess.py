@@ -125,11 +125,16 @@ def to_rgb(image: Image.Image) -> np.ndarray:
     """(H, W, 3) uint8 as transformers' ``convert_to_rgb``: alpha (or palette transparency) composited
     onto white with Pillow, anything else ``convert("RGB")``. Taught in day20_3.
     """
+    return np.array(_rgb_image(image))
+
+
+def _rgb_image(image: Image.Image) -> Image.Image:
+    """``to_rgb`` as a PIL image (no numpy copy of a large picture before it is resized)."""
     if "A" in image.getbands() or image.info.get("transparency") is not None:
         rgba = image.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return np.array(Image.alpha_composite(white, rgba).convert("RGB"))
-    return np.array(image.convert("RGB"))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return image if image.mode == "RGB" else image.convert("RGB")
 
 
 def _array_to_rgb(a: np.ndarray, where: str) -> np.ndarray:
@@ -301,24 +306,24 @@ def load_image(src, *, vision=None, min_pixels: int = MIN_PIXELS, max_pixels: in
         else "<array>"
     budget = None if max_tokens is None else TokenBudget(int(max_tokens), fit, min_pixels, max_pixels,
                                                          patch_size * merge_size, where)
-    rgb, source = _rgb_of(src, where, max_source_pixels, budget)
+    rgb, source = _rgb_of(src, where, max_source_pixels, budget)      # a PIL RGB image: resized, never copied
     if budget is not None:
-        budget.check((rgb.shape[1], rgb.shape[0]))   # the decoded size (an EXIF block read only on decoding)
+        budget.check(rgb.size)                 # the decoded size (an EXIF block read only on decoding)
         min_pixels, max_pixels = budget.min_pixels, budget.max_pixels
-    h0, w0 = rgb.shape[:2]
+    w0, h0 = rgb.size
     try:
         h, w = smart_resize(h0, w0, patch_size * merge_size, min_pixels, max_pixels)
     except ValueError as e:
         raise VisionInputError(f"{where}: {e}") from None
-    resized = np.array(Image.fromarray(rgb).resize((w, h), resample=Image.Resampling.BICUBIC))
+    resized = np.array(rgb.resize((w, h), resample=Image.Resampling.BICUBIC))
     del rgb
     pixel_values, grid = patchify(normalize(resized), patch_size, temporal_patch_size, merge_size)
     return ImageInput(pixel_values, grid, (w, h), (w0, h0), source, image_key(pixel_values, grid), merge_size,
                       budget.note if budget is not None else "")
 
 
-def _rgb_of(src, where: str, max_source_pixels: int, budget: TokenBudget | None) -> tuple[np.ndarray, str]:
-    """(H, W, 3) uint8 of a path (transformers' ``load_image``: alpha dropped), a PIL image or an array
+def _rgb_of(src, where: str, max_source_pixels: int, budget: TokenBudget | None) -> tuple[Image.Image, str]:
+    """An RGB PIL image of a path (transformers' ``load_image``: alpha dropped), a PIL image or an array
     (alpha composited onto white), and the name the ``ImageInput`` keeps; sizes checked before decoding."""
     check = budget.check if budget is not None else None
     if isinstance(src, (str, os.PathLike)):
@@ -327,17 +332,19 @@ def _rgb_of(src, where: str, max_source_pixels: int, budget: TokenBudget | None)
         _check_mode(im, where)
         # load_image's convert("RGB"), then the processor's convert_to_rgb: a palette image's transparent
         # index survives the first as an RGB colour in ``info``, and the second turns that colour white
-        return to_rgb(im.convert("RGB")), path.name
+        rgb = im.convert("RGB")
+        im.close()
+        return _rgb_image(rgb), path.name
     if isinstance(src, Image.Image):
         _check_size(src.size, where, max_source_pixels)
         if check:
             check(src.size)
         _check_mode(src, where)
-        return to_rgb(src), where
+        return _rgb_image(src), where
     if isinstance(src, np.ndarray):
         if src.ndim >= 2:
             _check_size((src.shape[1], src.shape[0]), where, max_source_pixels)
             if check:
                 check((src.shape[1], src.shape[0]))
-        return _array_to_rgb(src, where), where
+        return Image.fromarray(_array_to_rgb(src, where)), where
     raise TypeError(f"load_image: expected a path, a PIL image or a numpy array, got {type(src).__name__}")
