@@ -8,13 +8,15 @@ Taught in day01_2 (parameter counts) and day15_2 (the name map).
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from kestrel_lab import config_fields as CF
+from kestrel_lab import rope_scaling
 from kestrel_lab.limits import BOUND, LimitError, check_config
+from kestrel_lab.rope_scaling import RopeScaling
 
 # The architectures this package reads, with the id each has in the VQF header's ``arch`` field.
 ARCHS = {"qwen3": 1, "qwen3_vl": 2, "qwen3_moe": 3, "qwen2": 4}
@@ -97,6 +99,11 @@ class ModelConfig:
     mlp_only_layers: list[int] = field(default_factory=list)
     decoder_sparse_step: int = 1
     vision: VisionConfig | None = None
+    # linear or yarn RoPE scaling, resolved to the float32 values the math uses (None: plain RoPE);
+    # a VQF header stores it in ``rope_type`` and the RoPE block (``vqf.format.ROPE_FIELDS``)
+    rope_scaling: RopeScaling | None = None
+    # config.json keys no field of ``config_fields`` reads (JSON paths): reported once, never guessed at
+    ignored: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
     # ------------------------------------------------------------------ derived sizes
     @property
@@ -151,7 +158,9 @@ class ModelConfig:
         return out
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        out.pop("ignored")
+        return out
 
     # ------------------------------------------------------------------ parsing
     @classmethod
@@ -194,146 +203,177 @@ class ConfigError(ValueError):
 
 
 def _parse(cfg, where: str, text_src: str | None) -> ModelConfig:
-    """The checked ModelConfig of a loaded config.json (``text_src``: its text, to locate keys)."""
-    origin: dict[str, str] = {}
-
-    def fail(key_path: str, why: str):
-        at = _locate(text_src, key_path.split(".")) if text_src is not None else None
-        loc = f" at line {at[0]} (byte {at[1]})" if at else ""
-        raise ConfigError(f"{where}: field '{key_path}'{loc}: {why}")
-
-    def obj(d, key_path):
-        if not isinstance(d, dict):
-            fail(key_path, f"expected a JSON object, got {_kind(d)}")
-        return d
-
-    if not isinstance(cfg, dict):
-        raise ConfigError(f"{where}: the top level is {_kind(cfg)}, expected a JSON object")
-    model_type = cfg.get("model_type")
-    if not isinstance(model_type, str) or model_type not in ARCHS:
-        fail("model_type", f"is {model_type!r}; supported: {sorted(ARCHS)}")
-    vl = model_type == "qwen3_vl"
-    sect = "text_config." if vl and "text_config" in cfg else ""
-    text = obj(cfg.get("text_config"), "text_config") if sect else cfg
-    # Sliding-window attention (Qwen2's ``use_sliding_window``): the engine attends to the whole
-    # cache, so a model whose layers look at a window only would be run wrongly. Refused, never guessed.
-    if text.get("use_sliding_window") is True:
-        fail(sect + "use_sliding_window", "is true: sliding-window attention is not supported (every layer "
-                                          "here attends to the whole context)")
-    layer_types = text.get("layer_types")
-    if isinstance(layer_types, list) and "sliding_attention" in layer_types:
-        fail(sect + "layer_types", f"layer {layer_types.index('sliding_attention')} is 'sliding_attention': "
-                                   "sliding-window attention is not supported")
-
-    def get(d, key, prefix, field=None, default=_MISSING):
-        if key not in d or d[key] is None:
-            if default is _MISSING:
-                fail(prefix + key, "is missing")
-            return default
-        origin[field or key] = prefix + key
-        return d[key]
-
-    def num(d, key, prefix, field, default=_MISSING):
-        v = get(d, key, prefix, field, default)
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            fail(origin.get(field, prefix + key), f"expected a number, got {_kind(v)}")
-        return float(v)
-
-    rope, rope_key = {}, None
-    for k in ("rope_parameters", "rope_scaling"):
-        if text.get(k) is not None:
-            rope, rope_key = obj(text[k], sect + k), sect + k
-            break
-    if text.get("rope_theta") is not None:
-        theta = num(text, "rope_theta", sect, "rope_theta")
-    elif rope.get("rope_theta") is not None:
-        theta = num(rope, "rope_theta", rope_key + ".", "rope_theta")
-    else:
-        fail(sect + "rope_theta", f"is missing (nor is '{sect}rope_parameters.rope_theta' set)")
-    heads = get(text, "num_attention_heads", sect)
-    hidden = get(text, "hidden_size", sect)
-    for field, v in (("num_attention_heads", heads), ("hidden_size", hidden)):
-        _bounded(field, v, origin, fail)
-    head_dim = get(text, "head_dim", sect, default=None)
-    if head_dim is None:
-        head_dim, origin["head_dim"] = hidden // heads, sect + "hidden_size"
-    tie = cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
-    if not isinstance(tie, bool):
-        fail("tie_word_embeddings", f"expected true or false, got {_kind(tie)}")
-    mrope = None
-    if "mrope_section" in rope:
-        mrope = get(rope, "mrope_section", rope_key + ".")
-        if not isinstance(mrope, list):
-            fail(rope_key + ".mrope_section", f"expected a list of integers, got {_kind(mrope)}")
-    vision = None
-    if vl:
-        v = obj(get(cfg, "vision_config", ""), "vision_config")
-        kw = {}
-        for k in VisionConfig.__dataclass_fields__:
-            if k in v:
-                kw[k] = v[k]
-                origin["vision." + k] = "vision_config." + k
-        missing = [k for k, f in VisionConfig.__dataclass_fields__.items()
-                   if k not in kw and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-        if missing:
-            fail("vision_config." + missing[0], "is missing")
-        if not isinstance(kw.get("hidden_act", ""), str):
-            fail("vision_config.hidden_act", f"expected a string, got {_kind(kw['hidden_act'])}")
-        vision = VisionConfig(**kw)
-    moe = model_type == "qwen3_moe"
-    experts_key = "num_experts" if cfg.get("num_experts") else "num_local_experts"
-    eos = _first(get(text, "eos_token_id", sect, default=cfg.get("eos_token_id")))
-    bos = get(text, "bos_token_id", sect, default=cfg.get("bos_token_id"))
-    for f in ("eos_token_id", "bos_token_id"):
-        origin.setdefault(f, f)
-    out = ModelConfig(
-        arch=model_type,
-        vocab_size=get(text, "vocab_size", sect),
-        hidden_size=hidden,
-        intermediate_size=get(text, "intermediate_size", sect),
-        num_hidden_layers=get(text, "num_hidden_layers", sect),
-        num_attention_heads=heads,
-        num_key_value_heads=get(text, "num_key_value_heads", sect, default=heads),
-        head_dim=head_dim,
-        rms_norm_eps=num(text, "rms_norm_eps", sect, "rms_norm_eps", default=1e-6),
-        rope_theta=theta,
-        max_position_embeddings=get(text, "max_position_embeddings", sect),
-        tie_word_embeddings=tie,
-        bos_token_id=bos,
-        eos_token_id=eos,
-        mrope_section=list(mrope) if mrope is not None else None,
-        mrope_interleaved=bool(rope.get("mrope_interleaved", False)),
-        # transformers 5 names it num_local_experts; the public Qwen3-MoE config.json num_experts
-        num_experts=get(cfg, experts_key, "", "num_experts", default=0) if moe else 0,
-        num_experts_per_tok=get(cfg, "num_experts_per_tok", "", default=0) if moe else 0,
-        moe_intermediate_size=get(cfg, "moe_intermediate_size", "", default=0) if moe else 0,
-        # transformers' Qwen3MoeConfig defaults to False when the field is absent (30B-A3B sets true)
-        norm_topk_prob=bool(cfg.get("norm_topk_prob", model_type != "qwen3_moe")),
-        mlp_only_layers=_dense_layers(cfg, get(text, "num_hidden_layers", sect), where) if moe else [],
-        vision=vision,
-    )
-    if mrope is not None:
-        origin["mrope_section"] = rope_key + ".mrope_section"
-    origin.setdefault("num_key_value_heads", sect + "num_attention_heads")
+    """The checked ModelConfig of a loaded config.json (``text_src``: its text, to locate keys): the walk
+    of ``config_fields.FIELDS`` — type, bound and implemented values of every key, in table order."""
+    w = _Walk(cfg, where, text_src)
+    for f in CF.FIELDS:
+        if f.section != "any" and f.applies(w.arch, w.values.get("rope.rope_type")):
+            w.read(f)
+    out = _build(w)
     try:
         check_config(out)
     except LimitError as e:
-        fail(origin.get(e.field, e.field), e.detail)
+        w.fail(w.origin.get(e.field, e.field), e.detail)
+    out.ignored = w.unread()
     return out
 
 
-_MISSING = object()
+class _Walk:
+    """One config.json being read: its sections, the values read so far, where each came from."""
+
+    def __init__(self, cfg, where: str, text_src: str | None):
+        self.where, self.text_src = where, text_src
+        self.values: dict[str, object] = {}
+        self.origin: dict[str, str] = {}          # ModelConfig path -> JSON path, for error messages
+        self.read_keys: set[tuple[int, str]] = set()     # (id of the section's dict, key)
+        if not isinstance(cfg, dict):
+            raise ConfigError(f"{where}: the top level is {_kind(cfg)}, expected a JSON object")
+        self.sections, self.prefix, self.arch = {"top": cfg}, {"top": ""}, ""
+        self.read(CF.FIELD["top.model_type"])
+        self.arch = self.values["top.model_type"]
+        self._sections(cfg)
+
+    def _sections(self, cfg: dict) -> None:
+        vl = self.arch == "qwen3_vl"
+        text, tp = (self.obj(cfg, "text_config", ""), "text_config.") if vl and "text_config" in cfg else (cfg, "")
+        self.sections["text"], self.prefix["text"] = text, tp
+        given = [k for k in ("rope_parameters", "rope_scaling") if text.get(k) is not None]
+        if len(given) == 2:
+            self.fail(tp + "rope_scaling", "is set beside rope_parameters: transformers 5 then takes "
+                      "rope_scaling alone and drops rope_parameters (its rope_theta included); merge them into one")
+        if given:
+            self.sections["rope"], self.prefix["rope"] = self.obj(text, given[0], tp), f"{tp}{given[0]}."
+            self.mark("rope", "type")        # transformers 5 keeps both spellings; rope_type wins
+        self.mark("text", "rope_parameters", "rope_scaling")
+        if vl:
+            v = self.obj(cfg, "vision_config", "", required=True)
+            self.sections["vision"], self.prefix["vision"] = v, "vision_config."
+            self.mark("top", "text_config", "vision_config")
+            self.mark("vision", "rope_parameters")
+            if v.get("rope_parameters") is not None:
+                self.sections["vision_rope"] = self.obj(v, "rope_parameters", "vision_config.")
+                self.prefix["vision_rope"] = "vision_config.rope_parameters."
+
+    def mark(self, section: str, *keys: str) -> None:
+        """Count ``keys`` of ``section`` as read (the same dict may be two sections: top and text)."""
+        d = self.sections.get(section)
+        if d is not None:
+            self.read_keys |= {(id(d), k) for k in keys}
+
+    def obj(self, d: dict, key: str, prefix: str, required: bool = False) -> dict:
+        v = d.get(key)
+        if v is None and required:
+            self.fail(prefix + key, "is missing")
+        if not isinstance(v, dict):
+            self.fail(prefix + key, f"expected a JSON object, got {_kind(v)}")
+        return v
+
+    def fail(self, key_path: str, why: str):
+        at = _locate(self.text_src, key_path.split(".")) if self.text_src is not None else None
+        loc = f" at line {at[0]} (byte {at[1]})" if at else ""
+        raise ConfigError(f"{self.where}: field '{key_path}'{loc}: {why}")
+
+    def path(self, section: str, key: str) -> str:
+        """The JSON path of ``key`` in ``section`` (an absent rope dict is named ``rope_parameters``)."""
+        if section in self.prefix:
+            return self.prefix[section] + key
+        absent = {"rope": self.prefix.get("text", "") + "rope_parameters.",
+                  "vision_rope": "vision_config.rope_parameters.", "vision": "vision_config."}
+        return absent.get(section, "") + key
+
+    def read(self, f: CF.ConfigField) -> None:
+        """Read one field: its first present spelling, else its default; check kind, bound, value."""
+        for sect, key in ((f.section, f.key), *f.places):
+            d = self.sections.get(sect)
+            if d is not None and key in d:
+                self.mark(sect, key)
+                if d[key] is None and not f.nullable:
+                    self.fail(self.path(sect, key), "is null: transformers refuses a null here; write a value "
+                                                    "(or leave the key out where a default is documented)")
+            if d is not None and d.get(key) is not None:
+                value, path = d[key], self.path(sect, key)
+                break
+        else:
+            path = self.path(f.section, f.key)
+            default = f.default_for(self.arch)
+            if default is CF.REQUIRED:
+                also = "".join(f" (nor is '{self.path(s, k)}' set)" for s, k in f.places)
+                self.fail(path, "is missing" + also + (f"; {f.meaning}" if "absent" in f.meaning else ""))
+            value = default(self.values) if callable(default) else default
+        if not CF.type_ok(f.kind, value) and value is not None:
+            self.fail(path, f"expected {CF.KIND_TEXT[f.kind]}, got {_kind(value)}"
+                      + (f" ({f.refuse})" if f.allowed else ""))
+        if f.target:
+            self.origin[f.target] = path
+            for item in (value if isinstance(value, list) else [value]):
+                if f.target in BOUND and item is not None:
+                    try:
+                        BOUND[f.target].check(item, f.target)
+                    except LimitError as e:
+                        self.fail(path, e.detail)
+        if not CF.allowed_ok(f, value):
+            self.fail(path, CF.refusal(f, value))
+        self.values[f.id] = value
+
+    def unread(self) -> tuple[str, ...]:
+        """JSON paths of the keys no field read (transformers does not read them for inference either)."""
+        out, seen = [], set()
+        for sect, d in self.sections.items():
+            if id(d) not in seen:
+                seen.add(id(d))
+                out += [self.path(sect, k) for k in d if (id(d), k) not in self.read_keys and k not in CF.ANY_KEYS]
+        return tuple(sorted(out))
 
 
-def _bounded(field, value, origin, fail):
-    try:
-        BOUND[field].check(value, field)
-    except LimitError as e:
-        fail(origin.get(field, field), e.detail)
+def _build(w: _Walk) -> ModelConfig:
+    """The ModelConfig of the values a walk read (derived: the first eos id, the MoE dense layers, the
+    resolved rope scaling, the vision tower)."""
+    v, arch = w.values, w.arch
+    text = {k[5:]: x for k, x in v.items() if k.startswith("text.")}
+    moe = arch == "qwen3_moe"
+    out = ModelConfig(
+        arch=arch, vocab_size=text["vocab_size"], hidden_size=text["hidden_size"],
+        intermediate_size=text["intermediate_size"], num_hidden_layers=text["num_hidden_layers"],
+        num_attention_heads=text["num_attention_heads"], num_key_value_heads=text["num_key_value_heads"],
+        head_dim=text["head_dim"], rms_norm_eps=float(text["rms_norm_eps"]), rope_theta=float(v["rope.rope_theta"]),
+        max_position_embeddings=text["max_position_embeddings"], tie_word_embeddings=v["top.tie_word_embeddings"],
+        bos_token_id=_first(text["bos_token_id"]), eos_token_id=_first(text["eos_token_id"]),
+        mrope_section=v.get("rope.mrope_section"), mrope_interleaved=v.get("rope.mrope_interleaved", False),
+        num_experts=text.get("num_experts", 0), num_experts_per_tok=text.get("num_experts_per_tok", 0),
+        moe_intermediate_size=text.get("moe_intermediate_size", 0),
+        # transformers' Qwen3MoeConfig defaults to False when the field is absent (30B-A3B sets true)
+        norm_topk_prob=text.get("norm_topk_prob", True) if moe else True,
+        mlp_only_layers=_dense_layers(text, v["text.num_hidden_layers"]) if moe else [],
+        decoder_sparse_step=1, rope_scaling=_rope_scaling(w), vision=_vision(v) if arch == "qwen3_vl" else None)
+    w.origin.setdefault("vision", "vision_config")
+    for f in ("rope_scaling.ramp_low", "rope_scaling.ramp_width"):
+        w.origin[f] = w.path("rope", "beta_fast")
+    w.origin.setdefault("rope_scaling.attention_factor", w.path("rope", "factor"))
+    return out
+
+
+def _rope_scaling(w: _Walk) -> RopeScaling | None:
+    v = w.values
+    kind = v.get("rope.rope_type", "default")
+    if kind == "linear":
+        return rope_scaling.linear(v["rope.factor"])
+    if kind != "yarn":
+        return None
+    kw = {k: v[f"rope.{k}"] for k in ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim")}
+    return rope_scaling.yarn(v["rope.factor"], v["text.head_dim"], v["rope.rope_theta"],
+                             v["text.original_max_position_embeddings"], truncate=v["rope.truncate"], **kw)
+
+
+def _vision(v: dict) -> VisionConfig:
+    kw = {k[7:]: x for k, x in v.items() if k.startswith("vision.")}
+    kw["deepstack_visual_indexes"] = list(kw.get("deepstack_visual_indexes") or [])
+    return VisionConfig(**kw)
 
 
 def _kind(v) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+    if isinstance(v, str):
+        return f"a string ({v[:40]!r})"
+    return {dict: "an object", list: "a list", bool: "a boolean", type(None): "null"}.get(
         type(v), f"{type(v).__name__} {v!r}")
 
 
@@ -364,18 +404,13 @@ def _locate(text: str, path: list[str]) -> tuple[int, int] | None:
     return text.count("\n", 0, pos) + 1, len(text[:pos].encode("utf-8"))
 
 
-def _dense_layers(cfg: dict, n_layers: int, where: str) -> list[int]:
+def _dense_layers(text: dict, n_layers: int) -> list[int]:
     """Every dense layer of a Qwen3-MoE config, by transformers' rule, as one sorted list (so a config
-    read back from a VQF file, which records only that list, equals the one read from config.json)."""
-    only = cfg.get("mlp_only_layers") or []
-    if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in only):
-        raise ValueError(f"{where}: field 'mlp_only_layers' must be a list of layer indices, got {only!r}")
-    step = cfg.get("decoder_sparse_step", 1)
-    step = 1 if step is None else step
-    if not isinstance(step, int) or isinstance(step, bool) or step < 1:
-        raise ValueError(f"{where}: field 'decoder_sparse_step' must be an integer >= 1, got {step!r}")
-    n_exp = cfg.get("num_experts") or cfg.get("num_local_experts") or 0
-    return [i for i in range(n_layers) if i in only or n_exp <= 0 or (i + 1) % step]
+    read back from a VQF file, which records only that list, equals the one read from config.json).
+    The walk has checked the fields' kinds and bounds (n_layers ≤ 1,024) before this loop runs."""
+    only = set(text.get("mlp_only_layers") or [])
+    step = text.get("decoder_sparse_step", 1)
+    return [i for i in range(n_layers) if i in only or text["num_experts"] <= 0 or (i + 1) % step]
 
 
 def _first(x):

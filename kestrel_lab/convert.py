@@ -62,6 +62,7 @@ class ConversionReport:
     rss_peak: int              # highest resident set size sampled between chunks, bytes
     unused: list[str] = field(default_factory=list)  # checkpoint tensors no entry uses
     output_sha256: str | None = None  # of the VQF file written (what `sha256sum model.vqf` prints)
+    ignored: list[str] = field(default_factory=list)  # config.json keys no field reads (config_fields)
 
     @property
     def mb_per_s(self) -> float:
@@ -190,8 +191,12 @@ def convert(hf_dir: str | os.PathLike, out_path: str | os.PathLike, quant: str =
     qt = resolve_quant(quant)                     # the one reading of the quant name
     with open_checkpoint(hf_dir) as ck:
         cfg = ModelConfig.from_hf(ck.config_path)
-        # the one plan: tensors, offsets, geometry (for MoE, from the experts' keys this checkpoint has)
-        fp = plan_file(cfg, qt, specs=plan(cfg, qt, experts=expert_keys(ck, cfg)))
+        # the one plan: tensors, offsets, geometry (for MoE, from the experts' keys this checkpoint has);
+        # a quantization that cannot hold a shape is refused here, before a byte is written
+        try:
+            fp = plan_file(cfg, qt, specs=plan(cfg, qt, experts=expert_keys(ck, cfg)))
+        except ValueError as e:
+            raise ConversionError(f"{ck.config_path}: --quant {qt.name.lower()}: {e}") from None
         specs = fp.specs
         check_sources(ck, specs)
         used = {split_source(src)[0] for s in specs for src in s.sources}
@@ -230,7 +235,7 @@ def convert(hf_dir: str | os.PathLike, out_path: str | os.PathLike, quant: str =
             source=hf_dir, output=out_path, quant=qt.name.lower(), n_tensors=len(specs),
             output_bytes=out_path.stat().st_size, source_bytes=ck.nbytes(), bytes_read=stats["bytes_read"],
             seconds=seconds, hash_seconds=hash_seconds, sha256=sha, rss_start=rss0,
-            rss_peak=stats["rss_peak"], unused=unused, output_sha256=out_sha)
+            rss_peak=stats["rss_peak"], unused=unused, output_sha256=out_sha, ignored=list(cfg.ignored))
 
 
 def source_pattern(sources: tuple[str, ...] | list[str]) -> str:

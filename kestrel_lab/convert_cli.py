@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -51,6 +52,9 @@ def _convert(args) -> int:
 
     rep = convert(args.hf_dir, args.output, args.quant, hash_source=not args.no_hash,
                   progress=None if args.quiet or args.json else True, model_name=args.name)
+    if rep.ignored and not args.quiet:   # once, on stderr: keys config_fields does not read (never guessed at)
+        print(f"config.json: keys not read (the config table has no row for them; book/formats/vqf.md): "
+              f"{', '.join(rep.ignored)}", file=sys.stderr)
     if args.json:
         print(json.dumps({"output": str(rep.output), "quant": rep.quant, "n_tensors": rep.n_tensors,
                           "output_bytes": rep.output_bytes, "source_bytes": rep.source_bytes,
@@ -58,7 +62,7 @@ def _convert(args) -> int:
                           "mb_per_s": round(rep.mb_per_s, 2), "hash_seconds": round(rep.hash_seconds, 4),
                           "sha256": rep.sha256, "source_sha256": rep.sha256,
                           "output_sha256": rep.output_sha256, "rss_start": rep.rss_start, "rss_peak": rep.rss_peak,
-                          "unused_source_tensors": rep.unused}, indent=1))
+                          "unused_source_tensors": rep.unused, "ignored_config_keys": rep.ignored}, indent=1))
     else:
         print(rep.summary())
         if rep.unused:

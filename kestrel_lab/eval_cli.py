@@ -33,6 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help=f"evaluate the first N tokens (default {default})")
         p.add_argument("--tokenizer-json", help="tokenizer.json (default: the embedded Qwen3 tokenizer)")
         p.add_argument("--json", action="store_true", help="print the result as JSON")
+        p.add_argument("--key-file", metavar="K", default=None,
+                       help="key file of SM4-encrypted VQF files (default: $KESTREL_KEY_FILE; "
+                            "`kestrel-lab vqf keygen`)")
     ppl.set_defaults(func=_ppl)
     kl.set_defaults(func=_kl)
 
@@ -53,11 +56,18 @@ def _tokens(args):
     return str(path), E.encode_entries(E.read_fortunes(path), tok, ENDOFTEXT, args.max_tokens)
 
 
+def _engine(path: str, context: int, args):
+    """The engine of one VQF file, opened with ``--key-file`` when it is encrypted."""
+    from kestrel_lab.engine.model import Qwen3Engine
+
+    return Qwen3Engine.from_vqf(path, max_context=context, key_file=args.key_file)
+
+
 def _ppl(args) -> int:
     from kestrel_lab import eval as E
 
     where, ids = _tokens(args)
-    r = E.perplexity(args.vqf, ids, args.window, args.stride)
+    r = E.perplexity(_engine(args.vqf, args.window, args), ids, args.window, args.stride)
     out = {"vqf": args.vqf, "text": where, "tokens": int(ids.size), "scored": r.scored, "windows": r.windows,
            "window": r.window, "stride": r.stride, "mean_nll": r.mean_nll, "ppl": r.ppl}
     if args.json:
@@ -72,7 +82,7 @@ def _kl(args) -> int:
     from kestrel_lab import eval as E
 
     where, ids = _tokens(args)
-    r = E.kl_top1(args.vqf, args.f32_vqf, ids)
+    r = E.kl_top1(_engine(args.vqf, ids.size, args), _engine(args.f32_vqf, ids.size, args), ids)
     out = {"vqf": args.vqf, "f32_vqf": args.f32_vqf, "text": where, "positions": int(ids.size),
            "kl_mean": r.kl_mean, "kl_max": r.kl_max, "top1_agreement": r.top1_agreement}
     if args.json:

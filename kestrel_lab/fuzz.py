@@ -1,11 +1,12 @@
 """Fuzzing the loaders: real small seed files, one call per loader, and what counts as a finding.
 
 A loader is robust when, whatever bytes it is given, it either loads them or raises *its own* error
-class (``VQFFormatError``, ``VocabFormatError``, ``SafetensorsError``, ``ConfigError``) whose message
-starts with the file's name — never ``ZeroDivisionError``, ``OverflowError``, ``RecursionError``,
+class (``VQFFormatError``, ``VocabFormatError``, ``SafetensorsError``, ``ConfigError``, ``KeyFileError``)
+whose message starts with the file's name — never ``ZeroDivisionError``, ``OverflowError``, ``RecursionError``,
 ``MemoryError``, a bare ``ValueError``, a hang or a crash. ``targets`` builds one seed per loader
 from a real file (a VQF with every kind of entry, the first records of Qwen's vocab.bin, a checkpoint
-saved by transformers itself, the Qwen3-VL-2B config.json) and says which bytes are worth mutating
+saved by transformers itself, the Qwen3-VL-2B config.json, Qwen3-30B-A3B's with YaRN, a key file) and says
+which bytes are worth mutating
 (header and directory, not the weights); ``run`` feeds one mutated input to the loader and classifies
 the result. The mutation strategies live with their users: the tests and day27_2 drive Hypothesis,
 ``scripts/fuzz_atheris.py`` drives atheris (coverage-guided), and day27_2 writes a random mutator in a
@@ -137,16 +138,47 @@ def _config_target(workdir: Path) -> Target:
                   "Qwen3-VL-2B-Instruct's config.json")
 
 
+def _config_moe_target(workdir: Path) -> Target:
+    """Qwen3-30B-A3B's config.json with the YaRN scaling Qwen's model cards give: every MoE and RoPE-scaling
+    field of the config table in one seed (a loaded case also goes to transformers: tests/helpers)."""
+    from kestrel_lab.config import ConfigError, ModelConfig
+    from kestrel_lab.paths import configs_dir
+
+    doc = json.loads((configs_dir() / "qwen3-30b-a3b.config.json").read_text(encoding="utf-8"))
+    doc["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    seed = json.dumps(doc, indent=2).encode()
+    return Target("config_moe", seed, len(seed), ConfigError, lambda p: {"config": ModelConfig.from_hf(p)}, ".json",
+                  "Qwen3-30B-A3B's config.json with rope_scaling yarn ×4 (Qwen3's model card)")
+
+
+def _key_target(workdir: Path) -> Target:
+    """A key file as ``vqf keygen`` writes it (33 bytes, mode 0600); each case is written 0600 too, so the
+    bytes are what is tested."""
+    import os
+
+    from kestrel_lab.vqf.protect import KeyFileError, read_key_file, write_key_file
+
+    seed = write_key_file(workdir / "seed.key", bytes(range(16)), overwrite=True).read_bytes()
+
+    def load(p: Path):
+        os.chmod(p, 0o600)
+        return {"key_bytes": len(read_key_file(p))}
+
+    return Target("keyfile", seed, len(seed), KeyFileError, load, ".key", "a 33-byte key file from vqf keygen")
+
+
 BUILDERS = {"vqf": _vqf_target, "vocab": _vocab_target, "safetensors": _safetensors_target,
-            "config": _config_target}
+            "config": _config_target, "config_moe": _config_moe_target, "keyfile": _key_target}
+LESSON_TARGETS = ("vqf", "vocab", "safetensors", "config")
 
 
 def targets(workdir: str | Path, names=None) -> dict[str, Target]:
-    """The loaders under test by name (``vqf``, ``vocab``, ``safetensors``, ``config``), their seeds
-    written under ``workdir``. Taught in day27_2."""
+    """The loaders under test by name, their seeds written under ``workdir``: by default the four loaders
+    of day27 (``vqf``, ``vocab``, ``safetensors``, ``config``); ``config_moe`` and ``keyfile`` on request
+    (``make test`` fuzzes all six). Taught in day27_2."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    return {n: BUILDERS[n](workdir) for n in (names or BUILDERS)}
+    return {n: BUILDERS[n](workdir) for n in (names or LESSON_TARGETS)}
 
 
 def run(target: Target, data: bytes, path: str | Path) -> Outcome:

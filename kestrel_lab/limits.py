@@ -97,6 +97,18 @@ BOUNDS: tuple[Bound, ...] = (
     _i("bos_token_id", 0, MAX_VOCAB - 1, "a token id (or none)"),
     _i("eos_token_id", 0, MAX_VOCAB - 1, "a token id (or none)"),
     _i("mrope_section", 1, 512, "each MRoPE section (t, h, w) is a positive count of frequency pairs"),
+    _f("rope_scaling.factor", 1.0, 1024.0, "the context stretch of linear/yarn RoPE; transformers warns below 1; "
+                                           "Qwen's model cards use 4 (32K → 128K)"),
+    _i("rope_scaling.original_max_position_embeddings", 1, 1 << 24, "yarn's original (trained) window"),
+    _f("rope_scaling.attention_factor", 0.01, 100.0, "yarn's cos/sin multiplier; 0.1·ln(4) + 1 = 1.139 for "
+                                                    "factor 4; transformers requires > 0"),
+    _f("rope_scaling.beta_fast", 1e-3, 1e6, "yarn: turns per original window; a logarithm's argument, so > 0"),
+    _f("rope_scaling.beta_slow", 1e-3, 1e6, "yarn: turns per original window; a logarithm's argument, so > 0"),
+    _f("rope_scaling.mscale", 0.0, 100.0, "yarn's attention-factor scales (DeepSeek); 1 or less in models"),
+    _f("rope_scaling.mscale_all_dim", 0.0, 100.0, "yarn's attention-factor scales (DeepSeek)"),
+    _f("rope_scaling.ramp_low", 0.0, 1023.0, "yarn: first pair of the blend, in [0, head_dim − 1]"),
+    _f("rope_scaling.ramp_width", 1e-3, 1024.0, "yarn: pairs the blend spans (transformers adds 0.001 when it "
+                                                "would be 0)"),
     _i("num_experts", 0, 1_024, "MoE experts per layer (0 = dense); public MoE models use up to 256"),
     _i("num_experts_per_tok", 0, 64, "experts routed per token"),
     _i("moe_intermediate_size", 0, 65_536, "FFN width of one expert"),
@@ -161,6 +173,9 @@ RULES: tuple[Rule, ...] = (
          "the sections split the head's frequency pairs between time, height and width"),
     Rule("mrope_section", "at most 4 sections", lambda c: len(c.mrope_section or ()) <= 4,
          "the VQF header stores 4"),
+    Rule("mrope_section", "exactly 3 sections (t, h, w) for qwen3_vl",
+         lambda c: c.arch != "qwen3_vl" or c.mrope_section is None or len(c.mrope_section) == 3,
+         "Qwen3-VL gives every frequency pair one of three position components"),
     Rule("num_experts", "num_experts > 0 exactly when arch is qwen3_moe",
          lambda c: (c.num_experts > 0) == (c.arch == "qwen3_moe"), "a dense model has no experts"),
     Rule("num_experts_per_tok", "1 <= num_experts_per_tok <= num_experts for MoE",
@@ -196,11 +211,19 @@ def _show(v) -> str:
 
 def _values(cfg):
     """(field path, value) for every bounded field of a ModelConfig (lists give one item each)."""
-    skip = {"arch", "tie_word_embeddings", "mrope_interleaved", "norm_topk_prob", "vision"}
+    skip = {"arch", "tie_word_embeddings", "mrope_interleaved", "norm_topk_prob", "vision", "ignored"}
     for f in fields(cfg):
         if f.name in skip:
             continue
         v = getattr(cfg, f.name)
+        if f.name == "rope_scaling":
+            if v is not None:
+                yield "rope_scaling.factor", v.factor
+                yield "rope_scaling.attention_factor", v.attention_factor
+                if v.rope_type == "yarn":
+                    yield "rope_scaling.ramp_low", v.ramp_low
+                    yield "rope_scaling.ramp_width", v.ramp_width
+            continue
         if f.name in ("bos_token_id", "eos_token_id") and v is None:
             continue
         if f.name in ("mrope_section", "mlp_only_layers"):

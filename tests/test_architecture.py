@@ -151,7 +151,8 @@ RULES = (
     ("kestrel_lab.vision", "vision"), ("kestrel_lab.vision.*", "vision"),
     ("kestrel_lab.kernels", "kernels"), ("kestrel_lab.kernels.*", "kernels"),
     ("kestrel_lab.vocab", "formats"), ("kestrel_lab.vocab.*", "formats"), ("kestrel_lab.vqf", "formats"),
-    ("kestrel_lab.vqf.*", "formats"), ("kestrel_lab.config", "formats"), ("kestrel_lab.rope_scaling", "formats"),
+    ("kestrel_lab.vqf.*", "formats"), ("kestrel_lab.config", "formats"), ("kestrel_lab.config_fields", "formats"),
+    ("kestrel_lab.rope_scaling", "formats"),
     ("kestrel_lab.safetensors", "formats"), ("kestrel_lab.tiny_model", "formats"), ("kestrel_lab.convert", "formats"),
     ("kestrel_lab.models", "formats"),
     ("kestrel_lab", "base"), ("kestrel_lab.paths", "base"), ("kestrel_lab.atomic", "base"),
@@ -209,7 +210,6 @@ LONG_FUNCTIONS_ALLOWED = {
     "kestrel_lab/kernels/ops.py::_make_q4_0_kernels",   # numba kernel factory
     "kestrel_lab/kernels/v16.py::_make_kernels",        # numba kernel factory
     "kestrel_lab/kernels/v16.py::_make_intrinsics",     # numba kernel factory
-    "kestrel_lab/config.py::_parse",                    # being replaced by the field table (issue 26)
 }
 
 

@@ -32,7 +32,13 @@ def test_rope_styles_agree(tmp_path):
 def test_errors_name_file_and_field(tmp_path):
     p = tmp_path / "config.json"
     p.write_text(json.dumps({"model_type": "qwen3", "hidden_size": 8}))
-    with pytest.raises(ValueError, match=r"config\.json.*rope"):
+    with pytest.raises(ValueError, match=r"config\.json: field 'vocab_size': is missing"):
+        ModelConfig.from_hf(tmp_path)
+    cfg = json.loads((configs_dir() / "qwen3-0.6b.config.json").read_text())
+    del cfg["rope_theta"]
+    p.write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"config\.json: field 'rope_parameters\.rope_theta': is missing "
+                                         r"\(nor is 'rope_theta' set\)"):
         ModelConfig.from_hf(tmp_path)
     p.write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(ValueError, match="model_type"):

@@ -236,6 +236,13 @@ def test_config_that_does_not_match_the_weights(tmp_path, tiny):
 
 def test_weights_without_a_place_are_refused(tmp_path):
     d = make_tiny_model(tmp_path / "bias", "qwen3", 0, {"vocab_size": 256, "attention_bias": True})
+    # the config says so: refused by name before the weights are looked at (config_fields: attention_bias)
+    with pytest.raises(ValueError, match=r"bias/config\.json: field 'attention_bias' at line \d+ .*is True: not "
+                                         r"implemented"):
+        convert(d, tmp_path / "z.vqf")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["attention_bias"] = False                      # the weights still carry the biases
+    (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConversionError, match=r"'model.layers.0.self_attn.k_proj.bias' .*has no place"):
         convert(d, tmp_path / "z.vqf")
     assert not list(tmp_path.glob("*.vqf")) and not list(tmp_path.glob(".z.vqf*"))

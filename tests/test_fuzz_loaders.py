@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "helpers" / "fuzz_cases.py"
-LOADERS = ("vqf", "vocab", "safetensors", "config")
+LOADERS = ("vqf", "vocab", "safetensors", "config", "config_moe", "keyfile")
 CASES = 2000
 
 

@@ -7,6 +7,7 @@ hand from RFC 2104 / RFC 5869 over SM3, so nothing is checked against itself.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import struct
 
@@ -147,6 +148,51 @@ def test_key_file_format_mode_and_refusals(tmp_path):
             P.read_key_file(bad)
     with pytest.raises(P.KeyFileError, match="not found"):
         P.read_key_file(tmp_path / "missing")
+
+
+def test_key_files_that_could_hang_or_exhaust_memory_are_refused_before_reading(tmp_path):
+    """A key file is fstat'ed before a byte is read: a character device (/dev/zero, endless), a named pipe
+    (open would block until a writer came), a directory, a 1 GiB sparse file — each refused at once, by kind
+    or size; a file of 64 bytes or less is read with a bound."""
+    import stat
+    import time
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo, 0o600)
+    sparse = tmp_path / "sparse"
+    with open(sparse, "wb") as fh:
+        fh.truncate(1 << 30)
+    os.chmod(sparse, 0o600)
+    cases = {"/dev/zero": "is a character device", str(fifo): "is a named pipe", str(tmp_path): "is a directory",
+             str(sparse): "1,073,741,824 bytes; a key file has 33"}
+    for path, why in cases.items():
+        t0 = time.perf_counter()
+        with pytest.raises(P.KeyFileError, match=rf"^{path}: {why}"):
+            P.read_key_file(path)
+        assert time.perf_counter() - t0 < 1.0
+    assert stat.S_ISREG(os.stat(sparse).st_mode) and P.KEY_FILE_MAX == 64
+
+
+def test_eval_takes_the_key_file_its_error_suggests(tmp_path, capsys, monkeypatch):
+    from kestrel_lab import models
+    from kestrel_lab.cli import main
+
+    monkeypatch.delenv(P.ENV_KEY_FILE, raising=False)
+    plain = models.vqf("qwen3-tiny-poem", quant="q8_0")
+    key = P.write_key_file(tmp_path / "k")
+    enc = tmp_path / "poem.enc.vqf"
+    E.encrypt_file(plain, enc, key)
+    text = tmp_path / "t.txt"
+    text.write_text("《静夜思》\n作者：李白\n床前明月光，疑是地上霜。\n", encoding="utf-8")
+    assert main(["eval", "ppl", str(enc), "--text", str(text), "--window", "16", "--stride", "8"]) == 1
+    assert "pass --key-file K" in capsys.readouterr().err
+    ppl = []
+    for path in (enc, plain):     # the key file opens the encrypted file; a plain one ignores it
+        argv = ["eval", "ppl", str(path), "--window", "16", "--stride", "8", "--text", str(text), "--json"]
+        assert main(argv + ["--key-file", str(key)]) == 0
+        ppl.append(json.loads(capsys.readouterr().out)["ppl"])
+    assert ppl[0] == ppl[1]
+    assert main(["eval", "kl", str(enc), str(plain), "--text", str(text), "--json", "--key-file", str(key)]) == 0
 
 
 # --------------------------------------------------------------------------- whole files

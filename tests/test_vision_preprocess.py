@@ -188,14 +188,16 @@ def test_files_like_transformers_with_exif_orientation(tmp_path):
 
 
 def test_files_in_other_modes_like_transformers(tmp_path):
-    """CMYK JPEG, RGBA PNG, palette PNG with a transparent index, grey PNG: opened and converted as
-    transformers converts the same opened image."""
-    from PIL import ImageOps
-
+    """CMYK JPEG, RGBA and grey+alpha PNGs, palette PNG with a transparent index, grey PNG: bit-exact with
+    transformers given the same path (its ``load_image``: EXIF orientation, then ``convert("RGB")``, which
+    drops alpha — the reference this package follows for files; a PIL image with alpha is composited
+    onto white instead, as ``test_modes_converted_like_transformers`` checks)."""
     a = _smooth(180, 260)
-    rgba = np.dstack([a, np.linspace(0, 255, 260, dtype=np.uint8)[None, :].repeat(180, axis=0)])
+    ramp = np.linspace(0, 255, 260, dtype=np.uint8)[None, :].repeat(180, axis=0)
+    rgba = np.dstack([a, ramp])
     files = {"cmyk.jpg": Image.fromarray(a).convert("CMYK"), "alpha.png": Image.fromarray(rgba, "RGBA"),
-             "grey.png": Image.fromarray(a).convert("L")}
+             "grey.png": Image.fromarray(a).convert("L"),
+             "grey_alpha.png": Image.fromarray(np.dstack([a[..., 0], ramp]), "LA")}
     pal = Image.fromarray(a).convert("P")
     files["pal.png"] = pal
     for name, im in files.items():
@@ -203,7 +205,10 @@ def test_files_in_other_modes_like_transformers(tmp_path):
         im.save(path, **({"transparency": 5} if name == "pal.png" else {}))
         opened = Image.open(path)
         assert name != "pal.png" or opened.info.get("transparency") is not None
-        _check_equal(path, ImageOps.exif_transpose(opened))
+        ours = _check_equal(path, str(path))
+        if "alpha" in name:   # the transparent pixels keep their stored colour: not composited onto white
+            composited = load_image(Image.open(path))
+            assert not np.array_equal(ours.pixel_values, composited.pixel_values)
 
 
 def test_vision_config_sets_the_geometry():
@@ -303,3 +308,47 @@ def test_the_bomb_is_refused_before_decoding(tmp_path, monkeypatch):
     with pytest.raises(VisionInputError, match="nothing was decoded"):
         load_image(p)
     assert calls == []
+
+
+# ------------------------------------------------------------------------------------ token budget
+def _photo(path, w, h, orientation=None):
+    exif = Image.Exif()
+    if orientation:
+        exif[0x0112] = orientation
+    Image.fromarray(_smooth(h, w)).save(path, quality=90, exif=exif)
+    return path
+
+
+def test_a_picture_over_the_token_budget_is_refused_before_decoding(tmp_path, monkeypatch):
+    """A 4032×3024 phone photo resizes to 11,844 tokens: with 1,000 left, it is refused from the header's
+    size — no pixel decoded — naming the file and --max-pixels."""
+    from PIL import ImageFile
+
+    p = _photo(tmp_path / "phone.jpg", 4032, 3024)
+    calls = []
+    monkeypatch.setattr(ImageFile.ImageFile, "load", lambda self: calls.append(1))
+    with pytest.raises(VisionInputError, match=rf"^{p}: 4032×3024 resizes to 11,844 image tokens, but 1,000 are "
+                                               r"left in the context; nothing was decoded — pass a smaller "
+                                               r"--max-pixels \(at most 1,024,000"):
+        load_image(p, max_tokens=1000)
+    assert calls == []
+
+
+@pytest.mark.parametrize("size, orientation", [((2000, 1500), None), ((1500, 2000), 6), ((3000, 400), None)])
+def test_fit_scales_like_max_pixels_and_says_so(tmp_path, size, orientation):
+    """``fit`` lowers max_pixels to max_tokens × 32²: the result is transformers' with that max_pixels (so
+    the picture stays bit-exact with the reference), within the budget, and ``note`` says what happened."""
+    p = _photo(tmp_path / "big.jpg", *size, orientation=orientation)
+    ours = load_image(p, max_tokens=300, fit=True)
+    assert ours.n_tokens <= 300 and "scaled to fit (max_pixels 307,200" in ours.note and str(p) in ours.note
+    ref = _check_equal(p, str(p), max_pixels=300 * 1024, min_pixels=65536)
+    assert ref.grid_thw == ours.grid_thw
+    assert load_image(p, max_tokens=100_000, fit=True).note == ""          # it fits: nothing said
+
+
+def test_fit_lowers_min_pixels_for_a_tiny_budget(tmp_path):
+    p = _photo(tmp_path / "p.jpg", 640, 480)
+    im = load_image(p, max_tokens=20, fit=True)       # 20 tokens < min_pixels' 64
+    assert im.n_tokens <= 20 and im.note
+    with pytest.raises(VisionInputError, match="0 are left"):
+        load_image(p, max_tokens=0, fit=True)

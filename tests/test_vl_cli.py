@@ -65,6 +65,27 @@ def test_bad_images_exit_2_with_the_file_named(vqf, pictures, capsys):
     assert rc == 1 and "chat mode" in capsys.readouterr().err
 
 
+def test_a_photo_past_the_context_is_scaled_to_fit_or_refused_naming_the_option(vqf, tmp_path, capsys):
+    """A 2000×1500 photo would take 2,914 image tokens; with --ctx 200 it is scaled to fit, saying so; with
+    an explicit --max-pixels that does not fit it is refused before decoding, naming the file and the
+    option, exit 2 like every other picture the preprocessing refuses."""
+    y, x = np.mgrid[0:1500, 0:2000]
+    photo = tmp_path / "photo.jpg"
+    Image.fromarray(np.stack([x % 256, y % 256, (x + y) % 256], -1).astype(np.uint8)).save(photo, quality=90)
+    rc = cli.main(["generate", str(vqf), "--image", str(photo), "--prompt", "这是什么？", "--max-new", "4",
+                   "--ctx", "200"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert f"note: {photo}: 2000×1500 would take 2,914 image tokens" in err and "scaled to fit" in err
+    tokens = int(err.split("vision 1 img: ")[1].split(" tok")[0])
+    assert tokens <= 200 - 4
+    rc = cli.main(["generate", str(vqf), "--image", str(photo), "--prompt", "这是什么？", "--max-new", "4",
+                   "--ctx", "200", "--max-pixels", "16777216"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{photo}: 2000×1500 resizes to 2,914 image tokens" in err and "--max-pixels" in err
+    assert "nothing was decoded" in err and "Traceback" not in err
+
+
 def test_image_on_a_text_model_is_refused(pictures, capsys):
     text = models.vqf(arch="qwen3", quant="q8_0")
     rc = cli.main(["generate", str(text), "--image", str(pictures[0][0]), "--prompt", "x"])

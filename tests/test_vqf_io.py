@@ -289,3 +289,31 @@ def test_written_files_honour_the_umask(tmp_path):
         os.umask(old)
     assert stat.S_IMODE(p.stat().st_mode) == 0o644
     assert stat.S_IMODE(out.stat().st_mode) == 0o644
+
+
+def test_verify_says_what_it_covers_and_checks_the_header_against_a_config(tmp_path, capsys):
+    """The FNV-1a covers directory + data, not the header: a flipped ``norm_topk_prob`` bit still matches.
+    verify says so, checks the header against the directory, and with --config against config.json."""
+    from kestrel_lab import models
+    from kestrel_lab.cli import main
+    from kestrel_lab.convert import convert
+
+    d = models.hf_checkpoint(arch="qwen3_moe", overrides={"vocab_size": 256, "bos_token_id": 1, "eos_token_id": 2})
+    good = tmp_path / "moe.vqf"
+    convert(d, good, quant="q8_0", hash_source=False)
+    assert main(["vqf", "verify", str(good)]) == 0
+    out = capsys.readouterr().out
+    assert "covers: the directory and the data area (FNV-1a 64); not the header" in out
+    assert "header vs directory: every entry the configuration implies is present" in out
+    assert "norm_topk_prob" in out and "--config" in out
+    assert main(["vqf", "verify", str(good), "--config", str(d)]) == 0
+    assert "every field matches" in capsys.readouterr().out
+    data = bytearray(good.read_bytes())
+    struct.pack_into("<I", data, 76, struct.unpack_from("<I", data, 76)[0] ^ 4)     # model_bits bit 2
+    flipped = tmp_path / "flipped.vqf"
+    flipped.write_bytes(data)
+    assert main(["vqf", "verify", str(flipped)]) == 0          # the checksum cannot see it …
+    assert "match=YES" in capsys.readouterr().out
+    assert main(["vqf", "verify", str(flipped), "--config", str(d)]) == 1    # … the config can
+    out = capsys.readouterr().out
+    assert "model_bits bit 2 (norm_topk_prob) at offset 76: header False, config.json True" in out

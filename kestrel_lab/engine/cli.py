@@ -10,8 +10,11 @@ With a Qwen3-VL model, ``generate --image PATH [--image PATH …] --prompt TEXT`
 (``--image`` implies chat mode; the images come before the text in the user turn, as Qwen3-VL-Instruct's
 template writes them) and ``/image PATH`` inside ``chat`` attaches a picture to the next message; the
 statistics line then gives each image's LLM tokens and vision-encode time. ``--min-pixels`` and
-``--max-pixels`` bound the resize (Qwen3-VL's defaults otherwise). A picture that cannot be read stops
-``generate`` with the preprocessing's message (exit code 2); in ``chat`` it is reported and skipped.
+``--max-pixels`` bound the resize (Qwen3-VL's defaults otherwise). A picture's tokens are counted from its
+header before it is decoded: one that would not fit the context left (less a reserve for the answer) is
+scaled down to fit, with a note on stderr — or, when ``--max-pixels`` was given, refused naming the file and
+the option. A picture that cannot be read or fit stops ``generate`` with the preprocessing's message (exit
+code 2); in ``chat`` it is reported and skipped.
 ``bench`` times decode and prefill against the machine's ceiling and PyTorch (``bench.speed``;
 ``bench --vision``: the vision tower on one 640×480 image, ``bench.vision``; ``bench --peer llama.cpp``:
 beside llama.cpp built by ``make peers``, on the same checkpoint, ``bench.peer``; ``bench --record RUNNER``
@@ -252,23 +255,45 @@ def _is_vl(engine) -> bool:
     return getattr(engine, "vision", None) is not None
 
 
-def _load_image(engine, path: str, args):
-    """Preprocess one picture for the engine's vision tower (sizes from the file's vision config)."""
+IMAGE_RESERVE = 128   # tokens a picture leaves free for the question and the answer's first tokens
+
+
+def _image_room(conv, text: str, n_new: int, max_new: int) -> int:
+    """Image tokens each of ``n_new`` new pictures may take: the context less the conversation so far (its
+    pictures included), this turn's text and template, and ``min(max_new, IMAGE_RESERVE)`` for the answer."""
+    from kestrel_lab.vision import prompt as VP
+
+    eng = conv.engine
+    turn = {"role": "user", "content": [{"type": "image"}] * n_new + [{"type": "text", "text": text}]}
+    grids = [tuple(im.grid_thw) for im in conv.images] + [(1, eng.merge, eng.merge)] * n_new  # 1 token each
+    used = len(VP.encode_vl_chat(conv.tokenizer, conv.messages + [turn], grids, merge_size=eng.merge,
+                                 image_pad_id=eng.image_pad_id)) - n_new
+    return (eng.max_context - used - min(max_new, IMAGE_RESERVE)) // max(1, n_new)
+
+
+def _load_image(engine, path: str, args, room: int | None = None):
+    """Preprocess one picture for the engine's vision tower (sizes from the file's vision config). With
+    ``room`` (image tokens left), a picture that would not fit is scaled down to fit, saying so — or, when
+    ``--max-pixels`` was given, refused naming the file and the option (``preprocess.TokenBudget``)."""
     from kestrel_lab.vision.preprocess import load_image
 
     kw = {k: v for k, v in (("min_pixels", args.min_pixels), ("max_pixels", args.max_pixels)) if v is not None}
-    return load_image(path, vision=engine.config.vision, **kw)
+    im = load_image(path, vision=engine.config.vision, max_tokens=room, fit=args.max_pixels is None, **kw)
+    if im.note:
+        print(f"note: {im.note}", file=sys.stderr)
+    return im
 
 
 def _generate_vl(args, engine, tok, params, prompt: str) -> int:
     from kestrel_lab.engine.vl import VLConversation
 
+    conv = VLConversation(engine, tok, system=args.system, params=params, max_new=args.max_new)
     try:
-        images = [_load_image(engine, p, args) for p in args.image]
+        room = _image_room(conv, prompt, len(args.image), args.max_new)
+        images = [_load_image(engine, p, args, room) for p in args.image]
     except (OSError, ValueError) as e:   # the preprocessing names the file and what is wrong with it
         print(f"kestrel-lab generate: error: {e}", file=sys.stderr)
         return 2
-    conv = VLConversation(engine, tok, system=args.system, params=params, max_new=args.max_new)
     if args.echo:   # the template's text, one <|image_pad|> per picture (expanded to its tokens when run)
         from kestrel_lab.vision.prompt import render_vl_chat
 
@@ -341,6 +366,15 @@ def _read_line(prompt: str) -> str | None:
     return line.rstrip("\r\n")
 
 
+class _Pending:
+    """A conversation as it will be with the attached pictures sent (for ``_image_room`` in ``chat``)."""
+
+    def __init__(self, conv, images):
+        self.engine, self.tokenizer, self.images = conv.engine, conv.tokenizer, images
+        extra = len(images) - len(conv.images)
+        self.messages = conv.messages + ([{"role": "user", "content": [{"type": "image"}] * extra}] if extra else [])
+
+
 def _chat(args) -> int:
     from kestrel_lab.engine.chat import Conversation
     from kestrel_lab.engine.vl import VLConversation
@@ -375,7 +409,9 @@ def _chat(args) -> int:
                 print("usage: /image PATH", file=sys.stderr)
             else:
                 try:
-                    im = _load_image(engine, path, args)
+                    pend = conv.images + pending   # the pictures already attached count as sent
+                    room = _image_room(_Pending(conv, pend), "", 1, args.max_new)
+                    im = _load_image(engine, path, args, room)
                 except (OSError, ValueError) as e:
                     print(f"error: {e}", file=sys.stderr)
                     continue

@@ -157,6 +157,8 @@ class Qwen3Engine:
         # The student's pieces swapped in at construction (``kestrel_lab.seam``); none: the package's own path.
         self.pieces = P.engine_pieces()
         self._ops = P.PieceOps(self.pieces) if self.pieces else None
+        if self._ops is not None:
+            self._ops.check_scaling(self.config, self.source)
         if any(k in self.pieces for k in P.MATVEC_PIECES):
             interleave = repack = False            # the student's Q4_0 matvec reads the file's plain rows
         self._bind_small(tensors)
@@ -327,7 +329,7 @@ class Qwen3Engine:
         c = self.config
         self.max_context = context
         self.cache = KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.max_context)
-        self._cos, self._sin = rope_cos_sin(np.arange(self.max_context), c.head_dim, c.rope_theta)
+        self._cos, self._sin = rope_cos_sin(np.arange(self.max_context), c.head_dim, c.rope_theta, c.rope_scaling)
         # The rope position is not the cache length once an image is in the cache (MRoPE: an image of
         # H'×W' tokens advances the position by max(H', W') only). ``_rope_next[n]`` is the position the
         # next token takes when the cache holds n tokens, so decode, truncate and reuse all read it.
@@ -576,15 +578,15 @@ class Qwen3Engine:
         if positions is None:
             self._rope_next[pos0 + 1:pos0 + T + 1] = r0 + 1 + np.arange(T)
             if ops is not None:
-                return ops.rope_tables(np.arange(r0, r0 + T), c.head_dim, c.rope_theta)
+                return ops.rope_tables(np.arange(r0, r0 + T), c.head_dim, c.rope_theta, scaling=c.rope_scaling)
             if r0 + T <= self.max_context:
                 return self._cos[r0:r0 + T], self._sin[r0:r0 + T]
-            return rope_cos_sin(np.arange(r0, r0 + T), c.head_dim, c.rope_theta)
+            return rope_cos_sin(np.arange(r0, r0 + T), c.head_dim, c.rope_theta, c.rope_scaling)
         nxt = np.maximum.accumulate(np.concatenate([[r0], positions.max(axis=0) + 1]))
         self._rope_next[pos0 + 1:pos0 + T + 1] = nxt[1:]
         if ops is not None:
-            return ops.rope_tables(positions, c.head_dim, c.rope_theta, mrope)
-        return mrope_cos_sin(positions, c.head_dim, c.rope_theta, *mrope)
+            return ops.rope_tables(positions, c.head_dim, c.rope_theta, mrope, c.rope_scaling)
+        return mrope_cos_sin(positions, c.head_dim, c.rope_theta, *mrope, c.rope_scaling)
 
     def _embed(self, ids: np.ndarray) -> np.ndarray:
         if self.embed_qtype == Q.F16.id:

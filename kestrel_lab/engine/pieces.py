@@ -59,6 +59,14 @@ class PieceOps:
         self.pieces = dict(pieces)
         self.get = self.pieces.get
 
+    def check_scaling(self, config, source: str) -> None:
+        """The ``layers.rope_cos_sin`` piece computes plain RoPE: a model whose config scales RoPE (linear,
+        yarn) would run other math with it, so it is refused, naming the file and the field."""
+        if config.rope_scaling is not None and "layers.rope_cos_sin" in self.pieces:
+            raise ValueError(f"{source}: rope_scaling is {config.rope_scaling.rope_type}; the piece "
+                             f"layers.rope_cos_sin computes plain RoPE, so the student's engine cannot run this "
+                             f"model (take the piece out, or use a model without rope scaling)")
+
     def rmsnorm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
         fn = self.get("layers.rmsnorm")
         if fn is None:
@@ -75,10 +83,12 @@ class PieceOps:
             return out
         return _f32(fn(x.copy(), w, float(eps)), x.shape, "layers.rmsnorm_heads")
 
-    def rope_tables(self, positions: np.ndarray, head_dim: int, theta: float, mrope=None):
+    def rope_tables(self, positions: np.ndarray, head_dim: int, theta: float, mrope=None, scaling=None):
         """cos, sin (T, D/2) of 1-D positions (T,), or of 3-D ones (3, T) with ``mrope`` = (section, interleaved):
-        each frequency's column taken from the 1-D table of its axis's positions."""
-        fn = self.get("layers.rope_cos_sin") or rope_cos_sin
+        each frequency's column taken from the 1-D table of its axis's positions. ``scaling``: the config's
+        rope scaling — the package's tables then (``check_scaling`` refuses the piece for such a model)."""
+        piece = self.get("layers.rope_cos_sin")
+        fn = piece if piece is not None else (lambda p, d, t: rope_cos_sin(p, d, t, scaling))
         half = head_dim // 2
         if mrope is None:
             c, s = fn(np.asarray(positions).reshape(-1), head_dim, theta)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from kestrel_lab import quant as Q
+from kestrel_lab import rope_scaling
 from kestrel_lab.config import ModelConfig
 
 
@@ -36,13 +37,14 @@ def _rmsnorm(x, w, eps):
     return (x * (1.0 / np.sqrt(ms + eps)).astype(np.float32)) * w
 
 
-def _rope(x, pos, theta):
-    """Rotate-half RoPE on x (T, H, D) at positions ``pos`` (T,)."""
+def _rope(x, pos, theta, scaling=None):
+    """Rotate-half RoPE on x (T, H, D) at positions ``pos`` (T,); ``scaling``: the config's linear/yarn."""
     D = x.shape[-1]
     inv = 1.0 / (np.float32(theta) ** (np.arange(0, D, 2).astype(np.float32) / np.float32(D)))
     ang = np.asarray(pos, np.float32)[:, None] * inv.astype(np.float32)[None, :]
-    cos = np.concatenate([np.cos(ang), np.cos(ang)], -1)[:, None, :]
-    sin = np.concatenate([np.sin(ang), np.sin(ang)], -1)[:, None, :]
+    c, s = (np.cos(ang), np.sin(ang)) if scaling is None else rope_scaling.cos_sin(pos, D, theta, scaling)
+    cos = np.concatenate([c, c], -1)[:, None, :]
+    sin = np.concatenate([s, s], -1)[:, None, :]
     rot = np.concatenate([-x[..., D // 2:], x[..., :D // 2]], -1)
     return (x * cos + rot * sin).astype(np.float32)
 
@@ -81,7 +83,7 @@ def reference_logits(config: ModelConfig, tensors, ids) -> np.ndarray:
         q, k, v = q.reshape(T, H, D), k.reshape(T, KVH, D), v.reshape(T, KVH, D)
         if c.attention.qk_norm:             # Qwen3: per-head RMSNorm of q and k
             q, k = _rmsnorm(q, f32("q_norm")[layer], eps), _rmsnorm(k, f32("k_norm")[layer], eps)
-        q, k = _rope(q, pos, c.rope_theta), _rope(k, pos, c.rope_theta)
+        q, k = _rope(q, pos, c.rope_theta, c.rope_scaling), _rope(k, pos, c.rope_theta, c.rope_scaling)
         o = np.empty((T, H, D), np.float32)
         for hh in range(H):
             s = (q[:, hh, :].astype(np.float64) @ k[:, hh // group, :].T.astype(np.float64)) / np.sqrt(D) + mask

@@ -23,9 +23,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from kestrel_lab import rope_scaling
 
-def inv_freq(head_dim: int, theta: float) -> np.ndarray:
-    """The head_dim/2 inverse frequencies ``theta^(-2i/D)``, float32, each the correctly rounded value.
+
+def inv_freq(head_dim: int, theta: float, scaling=None) -> np.ndarray:
+    """The head_dim/2 inverse frequencies ``theta^(-2i/D)``, float32, each the correctly rounded value; with
+    ``scaling`` (the config's linear or yarn ``rope_scaling``) the scaled ones (``kestrel_lab.rope_scaling``,
+    where the arithmetic lives, as transformers computes it).
 
     transformers computes ``theta ** (arange(0, D, 2) / D)`` with torch's float32 ``pow``, which is
     correctly rounded for every head_dim and theta of the Qwen configs (16–128; 1e4, 1e6, 5e6) but for a
@@ -35,18 +39,16 @@ def inv_freq(head_dim: int, theta: float) -> np.ndarray:
     """
     if head_dim % 2:
         raise ValueError(f"head_dim={head_dim} must be even for RoPE")
-    expo = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
-    power = np.float64(theta) ** expo.astype(np.float64)
-    return (np.float32(1.0) / power.astype(np.float32)).astype(np.float32)
+    return rope_scaling.inv_freq(head_dim, theta, scaling)
 
 
-def rope_cos_sin(positions, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin tables (n, D/2) float32 for the given 1-D positions (float32 angles, as transformers).
-
-    Taught in day09_2."""
-    pos = np.asarray(positions, dtype=np.float32).reshape(-1)
-    ang = pos[:, None] * inv_freq(head_dim, theta)[None, :]
-    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+def rope_cos_sin(positions, head_dim: int, theta: float, scaling=None) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin tables (n, D/2) float32 for the given 1-D positions (float32 angles, as transformers);
+    ``scaling``: the config's linear or yarn ``rope_scaling`` (cos and sin then carry its attention factor),
+    None for plain RoPE. Taught in day09_2."""
+    if head_dim % 2:
+        raise ValueError(f"head_dim={head_dim} must be even for RoPE")
+    return rope_scaling.cos_sin(positions, head_dim, theta, scaling)
 
 
 def axis_of_frequency(head_dim: int, mrope_section, interleaved: bool = True) -> np.ndarray:
@@ -71,20 +73,21 @@ def axis_of_frequency(head_dim: int, mrope_section, interleaved: bool = True) ->
 
 
 def mrope_cos_sin(positions3, head_dim: int, theta: float, mrope_section,
-                  interleaved: bool = True) -> tuple[np.ndarray, np.ndarray]:
+                  interleaved: bool = True, scaling=None) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin tables (n, D/2) float32 for 3-D positions (3, n) = (t, h, w): Qwen3-VL's MRoPE.
 
     Frequency ``i`` takes its angle from the position of axis ``axis_of_frequency(i)``. transformers
     repeats the half (``cat(f, f)``) into (n, D) tables; ``apply_rope`` uses the half for both
     coordinates of a rotated pair, so the half is all the engine keeps. With text-only positions
-    (t = h = w) the result equals ``rope_cos_sin``. Taught in day18_3.
+    (t = h = w) the result equals ``rope_cos_sin``. ``scaling`` as in ``rope_cos_sin``. Taught in day18_3.
     """
     p = np.asarray(positions3)
     if p.ndim != 2 or p.shape[0] != 3:
         raise ValueError(f"mrope_cos_sin: positions must have shape (3, n), got {p.shape}")
     axis = axis_of_frequency(head_dim, mrope_section, interleaved)
-    ang = p.astype(np.float32)[axis, :].T * inv_freq(head_dim, theta)[None, :]   # (n, half)
-    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    ang = p.astype(np.float32)[axis, :].T * inv_freq(head_dim, theta, scaling)[None, :]   # (n, half)
+    a = rope_scaling.attention_factor(scaling)
+    return (np.cos(ang) * a).astype(np.float32), (np.sin(ang) * a).astype(np.float32)
 
 
 @njit(cache=True)

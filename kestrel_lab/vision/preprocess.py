@@ -4,9 +4,12 @@ The reference is ``Qwen2VLImageProcessorPil`` (transformers 5.24; Qwen3-VL reuse
 with Qwen3-VL's ``preprocessor_config.json``: patch 16, temporal patch 2, merge 2, mean = std = 0.5,
 min/max pixels 65,536 / 16,777,216. Step by step:
 
-1. **RGB**: an image with alpha (or a palette transparency) is composited onto white, anything else goes
-   through Pillow's ``convert("RGB")`` (transformers' ``convert_to_rgb``); a file is opened with its EXIF
-   orientation applied first (transformers' ``load_image``).
+1. **RGB**, as transformers does given the same input. A **file** is what ``transformers.image_utils.load_image``
+   makes of the path — EXIF orientation applied, then Pillow's ``convert("RGB")``, which *drops* alpha: a
+   transparent pixel keeps whatever colour it stores (qwen-vl-utils would composite it onto white first;
+   the reference chosen here is transformers, which Qwen3-VL's model card calls with paths and URLs) —
+   except a palette PNG's transparent index, whose colour the processor's ``convert_to_rgb`` turns white. A
+   **PIL image** or an array with alpha is composited onto white (transformers' ``convert_to_rgb``).
 2. **smart resize**: each side to a multiple of 32 (patch × merge) with Python's ``round`` — which rounds
    halves to *even*, so 336 px → 320, not 352 — then scaled into [min_pixels, max_pixels] keeping the
    aspect ratio; an aspect ratio above 200 is refused.
@@ -18,7 +21,10 @@ min/max pixels 65,536 / 16,777,216. Step by step:
 
 Bad input fails early with ``VisionInputError`` naming the file and what is wrong, before any large
 buffer exists: the size is read from the header and checked (0×0, aspect, ``max_source_pixels``) before
-a pixel is decoded. numpy + Pillow only.
+a pixel is decoded. So is the token budget: with ``max_tokens``, the image tokens the resize would give are
+counted from the header's size; a picture that would not fit is refused before decoding (naming the file
+and ``--max-pixels``), or with ``fit=True`` resized to fit — ``max_pixels`` lowered to ``max_tokens`` ×
+(patch · merge)², as Qwen's own ``max_pixels`` does — and ``ImageInput.note`` says so. numpy + Pillow only.
 
 Taught in day20_3.
 """
@@ -37,7 +43,7 @@ from kestrel_lab import seam
 from kestrel_lab.limits import BOUND
 from kestrel_lab.vision.prompt import image_key
 
-__all__ = ["VisionInputError", "ImageInput", "load_image", "smart_resize", "to_rgb", "normalize",
+__all__ = ["VisionInputError", "ImageInput", "TokenBudget", "load_image", "smart_resize", "to_rgb", "normalize",
            "patchify", "MIN_PIXELS", "MAX_PIXELS", "MAX_SOURCE_PIXELS", "IMAGE_MEAN", "IMAGE_STD"]
 
 #: Qwen3-VL's preprocessor_config.json: size.shortest_edge / size.longest_edge (pixels after resizing).
@@ -80,6 +86,7 @@ class ImageInput:
     source: str
     key: str
     merge_size: int = 2
+    note: str = ""      # set when the picture was scaled down to fit a token budget
 
     @property
     def n_tokens(self) -> int:
@@ -119,11 +126,16 @@ def to_rgb(image: Image.Image) -> np.ndarray:
     """(H, W, 3) uint8 as transformers' ``convert_to_rgb``: alpha (or palette transparency) composited
     onto white with Pillow, anything else ``convert("RGB")``. Taught in day20_3.
     """
+    return np.array(_rgb_image(image))
+
+
+def _rgb_image(image: Image.Image) -> Image.Image:
+    """``to_rgb`` as a PIL image (no numpy copy of a large picture before it is resized)."""
     if "A" in image.getbands() or image.info.get("transparency") is not None:
         rgba = image.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return np.array(Image.alpha_composite(white, rgba).convert("RGB"))
-    return np.array(image.convert("RGB"))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return image if image.mode == "RGB" else image.convert("RGB")
 
 
 def _array_to_rgb(a: np.ndarray, where: str) -> np.ndarray:
@@ -169,8 +181,17 @@ def patchify(chw: np.ndarray, patch_size: int = 16, temporal_patch_size: int = 2
     return np.ascontiguousarray(x.reshape(gh * gw, c * temporal_patch_size * p * p)), (1, gh, gw)
 
 
-def _open(path: Path, max_source_pixels: int) -> Image.Image:
-    """Open a file and check its header before decoding a pixel."""
+def _upright_size(im: Image.Image) -> tuple[int, int]:
+    """(width, height) once the EXIF orientation is applied, read before decoding."""
+    try:
+        turned = im.getexif().get(0x0112) in (5, 6, 7, 8)
+    except Exception:  # an unreadable EXIF block: transformers' exif_transpose ignores it too
+        turned = False
+    return (im.size[1], im.size[0]) if turned else im.size
+
+
+def _open(path: Path, max_source_pixels: int, budget=None) -> Image.Image:
+    """Open a file and check its header (and, with ``budget``, its token count) before decoding a pixel."""
     if not path.is_file():
         raise VisionInputError(f"{path}: no such file")
     try:
@@ -185,6 +206,8 @@ def _open(path: Path, max_source_pixels: int) -> Image.Image:
         raise VisionInputError(f"{path}: not an image Pillow can read (first bytes {head!r}): {e}") from None
     try:
         _check_size(im.size, str(path), max_source_pixels)
+        if budget is not None:
+            budget(_upright_size(im))
         try:
             im.load()
         except (OSError, SyntaxError, ValueError) as e:
@@ -221,13 +244,58 @@ def _check_mode(im: Image.Image, where: str) -> None:
             "PIL.ImageCms for CIELAB)")
 
 
+@dataclass
+class TokenBudget:
+    """How many image tokens a picture may take, and what to do when it would take more: refuse (naming the
+    file and ``--max-pixels``) or, with ``fit``, lower ``max_pixels`` until it fits. Taught in day20_3."""
+
+    max_tokens: int
+    fit: bool
+    min_pixels: int
+    max_pixels: int
+    factor: int
+    where: str = ""
+    note: str = ""
+
+    def check(self, size: tuple[int, int]) -> None:
+        """Count the tokens of a (width, height) source; refuse or lower ``max_pixels`` (``VisionInputError``)."""
+        w, h = size
+        f2 = self.factor * self.factor
+        try:
+            tokens = _tokens(h, w, self.factor, self.min_pixels, self.max_pixels)
+        except ValueError as e:
+            raise VisionInputError(f"{self.where}: {e}") from None
+        if tokens <= self.max_tokens:
+            return
+        if not self.fit or self.max_tokens < 1:
+            raise VisionInputError(
+                f"{self.where}: {w}×{h} resizes to {tokens:,} image tokens, but {max(self.max_tokens, 0):,} are left "
+                f"in the context; nothing was decoded — pass a smaller --max-pixels (at most "
+                f"{max(self.max_tokens, 1) * f2:,}, i.e. {max(self.max_tokens, 1):,} tokens of "
+                f"{self.factor}×{self.factor} pixels), or a longer --ctx if the model allows it")
+        self.max_pixels = self.max_tokens * f2
+        self.min_pixels = min(self.min_pixels, self.max_pixels)
+        fitted = _tokens(h, w, self.factor, self.min_pixels, self.max_pixels)
+        self.note = (f"{self.where}: {w}×{h} would take {tokens:,} image tokens, {self.max_tokens:,} are left in the "
+                     f"context: scaled to fit (max_pixels {self.max_pixels:,}, {fitted:,} tokens); pass --max-pixels "
+                     f"to choose the size")
+
+
+def _tokens(h: int, w: int, factor: int, min_pixels: int, max_pixels: int) -> int:
+    hb, wb = smart_resize(h, w, factor, min_pixels, max_pixels)
+    return (hb // factor) * (wb // factor)
+
+
 def load_image(src, *, vision=None, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS,
                patch_size: int = 16, temporal_patch_size: int = 2, merge_size: int = 2,
-               max_source_pixels: int = MAX_SOURCE_PIXELS) -> ImageInput:
+               max_source_pixels: int = MAX_SOURCE_PIXELS, max_tokens: int | None = None,
+               fit: bool = False) -> ImageInput:
     """A path, a PIL image or an (H, W, 3) uint8 array → ``ImageInput`` (pixel_values, grid_thw, …).
 
     ``vision``: a ``config.VisionConfig`` (e.g. a VQF header's ``ModelConfig.vision``) — its patch size,
-    temporal patch and merge size then replace the keyword defaults. Raises ``VisionInputError``.
+    temporal patch and merge size then replace the keyword defaults. ``max_tokens``: the image tokens the
+    picture may take (checked from the header's size, before decoding); beyond it the picture is refused,
+    or with ``fit`` scaled down to fit (``ImageInput.note`` says so). Raises ``VisionInputError``.
     Taught in day20_3.
     """
     if vision is not None:
@@ -235,37 +303,63 @@ def load_image(src, *, vision=None, min_pixels: int = MIN_PIXELS, max_pixels: in
             raise ValueError(f"vision config has in_channels={vision.in_channels}; only RGB (3) is supported")
         patch_size, temporal_patch_size = vision.patch_size, vision.temporal_patch_size
         merge_size = vision.spatial_merge_size
-    if isinstance(src, (str, os.PathLike)):
-        path = Path(src)
-        where = str(path)
-        im = _open(path, max_source_pixels)
-        _check_mode(im, where)
-        rgb, source = to_rgb(im), path.name
-    elif isinstance(src, Image.Image):
-        where = source = "<PIL image>"
-        _check_size(src.size, where, max_source_pixels)
-        _check_mode(src, where)
-        rgb = to_rgb(src)
-    elif isinstance(src, np.ndarray):
-        where = source = "<array>"
-        if src.ndim >= 2:
-            _check_size((src.shape[1], src.shape[0]), where, max_source_pixels)
-        rgb = _array_to_rgb(src, where)
-    else:
-        raise TypeError(f"load_image: expected a path, a PIL image or a numpy array, got {type(src).__name__}")
-    h0, w0 = rgb.shape[:2]
+    where = str(src) if isinstance(src, (str, os.PathLike)) else "<PIL image>" if isinstance(src, Image.Image) \
+        else "<array>"
+    budget = None if max_tokens is None else TokenBudget(int(max_tokens), fit, min_pixels, max_pixels,
+                                                         patch_size * merge_size, where)
+    rgb, source = _rgb_of(src, where, max_source_pixels, budget)      # a PIL RGB image: resized, never copied
+    if budget is not None:
+        budget.check(rgb.size)                 # the decoded size (an EXIF block read only on decoding)
+        min_pixels, max_pixels = budget.min_pixels, budget.max_pixels
+    w0, h0 = rgb.size
     try:
         h, w = smart_resize(h0, w0, patch_size * merge_size, min_pixels, max_pixels)
     except ValueError as e:
         raise VisionInputError(f"{where}: {e}") from None
-    resized = np.array(Image.fromarray(rgb).resize((w, h), resample=Image.Resampling.BICUBIC))
-    mine = seam.get("vision.patchify")   # a student's patchify (``kestrel_lab.seam``), else ours
+    resized = np.array(rgb.resize((w, h), resample=Image.Resampling.BICUBIC))
+    del rgb
+    pixel_values, grid = _patches(normalize(resized), patch_size, temporal_patch_size, merge_size)
+    return ImageInput(pixel_values, grid, (w, h), (w0, h0), source, image_key(pixel_values, grid), merge_size,
+                      budget.note if budget is not None else "")
+
+
+def _rgb_of(src, where: str, max_source_pixels: int, budget: TokenBudget | None) -> tuple[Image.Image, str]:
+    """An RGB PIL image of a path (transformers' ``load_image``: alpha dropped), a PIL image or an array
+    (alpha composited onto white), and the name the ``ImageInput`` keeps; sizes checked before decoding."""
+    check = budget.check if budget is not None else None
+    if isinstance(src, (str, os.PathLike)):
+        path = Path(src)
+        im = _open(path, max_source_pixels, check)
+        _check_mode(im, where)
+        # load_image's convert("RGB"), then the processor's convert_to_rgb: a palette image's transparent
+        # index survives the first as an RGB colour in ``info``, and the second turns that colour white
+        rgb = im.convert("RGB")
+        im.close()
+        return _rgb_image(rgb), path.name
+    if isinstance(src, Image.Image):
+        _check_size(src.size, where, max_source_pixels)
+        if check:
+            check(src.size)
+        _check_mode(src, where)
+        return _rgb_image(src), where
+    if isinstance(src, np.ndarray):
+        if src.ndim >= 2:
+            _check_size((src.shape[1], src.shape[0]), where, max_source_pixels)
+            if check:
+                check((src.shape[1], src.shape[0]))
+        return Image.fromarray(_array_to_rgb(src, where)), where
+    raise TypeError(f"load_image: expected a path, a PIL image or a numpy array, got {type(src).__name__}")
+
+
+def _patches(chw: np.ndarray, patch_size: int, temporal_patch_size: int, merge_size: int):
+    """``patchify`` — or a student's ``vision.patchify`` piece while one is swapped in (``kestrel_lab.seam``):
+    its rows, checked for shape, with our grid."""
+    mine = seam.get("vision.patchify")
     if mine is None:
-        pixel_values, grid = patchify(normalize(resized), patch_size, temporal_patch_size, merge_size)
-    else:
-        grid = (1, h // patch_size, w // patch_size)
-        pixel_values = np.asarray(mine(normalize(resized), patch_size, temporal_patch_size, merge_size), np.float32)
-        want = (grid[1] * grid[2], 3 * temporal_patch_size * patch_size * patch_size)
-        if pixel_values.shape != want:
-            raise ValueError(f"piece vision.patchify returned shape {pixel_values.shape}, expected {want}")
-    return ImageInput(pixel_values, grid, (w, h), (w0, h0), source, image_key(pixel_values, grid), merge_size)
+        return patchify(chw, patch_size, temporal_patch_size, merge_size)
+    grid = (1, chw.shape[1] // patch_size, chw.shape[2] // patch_size)
+    rows = np.asarray(mine(chw, patch_size, temporal_patch_size, merge_size), np.float32)
+    want = (grid[1] * grid[2], chw.shape[0] * temporal_patch_size * patch_size * patch_size)
+    if rows.shape != want:
+        raise ValueError(f"piece vision.patchify returned shape {rows.shape}, expected {want}")
+    return rows, grid

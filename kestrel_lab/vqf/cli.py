@@ -35,6 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("file")
     v.add_argument("--key-file", metavar="K", default=None,
                    help="key file of an encrypted file (default: $KESTREL_KEY_FILE)")
+    v.add_argument("--config", metavar="CONFIG", default=None,
+                   help="also compare the header's model configuration (which no checksum covers) with this "
+                        "config.json (or model folder), field by field")
     v.set_defaults(func=_verify)
 
     k = act.add_parser("keygen", help="write a new random SM4 key file (32 hex characters, mode 0600)")
@@ -130,14 +133,34 @@ def _verify(args) -> int:
         return 0
 
     with open_vqf(args.file, verify=False) as vf:
-        h = vf.header
+        h, config, missing = vf.header, vf.config, list(vf.missing)
         print(f"version={h['version']} n_tensors={h['n_tensors']} data_off={h['data_offset']} "
               f"file_len={h['file_len']} data_bytes={h['file_len'] - h['data_offset']}")
     computed, stored, seconds = verify_file(args.file)
     size = (h["file_len"] - h["data_offset"]) + 64 * h["n_tensors"]
     print(f"computed={computed:016x}\nstored  ={stored:016x}\n"
           f"match={'YES' if computed == stored else 'NO'} ({seconds:.2f} s, {size / seconds / 1e9:.2f} GB/s)")
-    return 0 if computed == stored else 1
+    ok = _header_report(args, config, missing)
+    return 0 if computed == stored and ok else 1
+
+
+def _header_report(args, config, missing) -> bool:
+    """What the checksum does not cover, the header's consistency with the directory, and (``--config``)
+    the header's configuration against a config.json."""
+    from kestrel_lab.vqf.verify import UNCONFIRMED, compare_config
+
+    print("covers: the directory and the data area (FNV-1a 64); not the header (model configuration, VQFSig, "
+          "RoPE block)")
+    print("header vs directory: " + ("every entry the configuration implies is present with the implied shape"
+                                     if not missing else f"MISSING {len(missing)}: {', '.join(missing[:6])}"))
+    if args.config is None:
+        print(f"not confirmed by the directory: {', '.join(UNCONFIRMED)} — compare them with --config config.json")
+        return not missing
+    diffs = compare_config(config, args.config)
+    for d in diffs:
+        print(f"header vs {args.config}: {d}")
+    print(f"header vs {args.config}: " + ("every field matches" if not diffs else f"{len(diffs)} field(s) DIFFER"))
+    return not missing and not diffs
 
 
 def _dump(args) -> int:

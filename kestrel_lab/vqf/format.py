@@ -25,9 +25,10 @@ import datetime as _dt
 import struct
 from dataclasses import dataclass
 
-from kestrel_lab import limits
+from kestrel_lab import config_fields, limits
 from kestrel_lab.config import ARCHS, ModelConfig, VisionConfig
 from kestrel_lab.quant import QTYPES
+from kestrel_lab.rope_scaling import ROPE_TYPE_NAMES, ROPE_TYPES, RopeScaling
 
 MAGIC = b"VQF\x00"                      # bytes 0..4; as a little-endian u32: 0x00465156
 MAGIC_U32 = struct.unpack("<I", MAGIC)[0]
@@ -141,7 +142,7 @@ class Field:
                                           else f"u32[{self.code[:-1]}]")
 
 
-_CTYPES = {"I": "u32", "Q": "u64", "q": "i64", "d": "f64"}
+_CTYPES = {"I": "u32", "Q": "u64", "q": "i64", "d": "f64", "f": "f32"}
 
 HEADER_FIELDS: tuple[Field, ...] = (
     # ---- identity (fixed by the article)
@@ -186,7 +187,9 @@ HEADER_FIELDS: tuple[Field, ...] = (
     # ---- layout
     Field(172, "dir_offset", "I", "where the directory starts", "== 448"),
     Field(176, "entry_size", "I", "bytes per directory entry", "== 64"),
-    Field(180, "reserved0", "I", "reserved", "== 0"),
+    Field(180, "rope_type", "I", "RoPE scaling: 0 none (plain RoPE), 1 linear, 2 yarn; its values are in the "
+          "RoPE block at 432 (written as 'reserved0 == 0' before: an older reader refuses a scaled file)",
+          "known id (0..2)"),
     Field(184, "data_offset", "Q", "start of the data area", "% 4096 == 0, >= 448 + 64·n"),
     Field(192, "file_len", "Q", "end of the data area (the trailer starts here)",
           "file size == file_len + 8 (plain) or + 32 (encrypted)"),
@@ -211,8 +214,24 @@ HEADER_FIELDS: tuple[Field, ...] = (
     Field(424, "key_id", "8s", "first 8 bytes of SM3(key): which key file opens it (the key is never stored)",
           "zero if plain; non-zero if ENCRYPTED"),
 )
-HEADER_FIELD = {f.name: f for f in HEADER_FIELDS}
 HEADER_FORMAT = "<" + "".join(f.code for f in HEADER_FIELDS)
+
+# The RoPE block: 16 bytes between VQFSig and the directory, zero unless rope_type ≠ 0. It holds the
+# float32 values transformers' linear/yarn RoPE computes with (``kestrel_lab.rope_scaling``), so the
+# engine rebuilds the frequencies exactly; the configuration's other inputs (original window, β, mscale,
+# truncate) are folded into them at conversion.
+ROPE_OFFSET, ROPE_END = HEADER_END, DIR_OFFSET
+ROPE_FIELDS: tuple[Field, ...] = (
+    Field(432, "rope_factor", "f", "linear/yarn: the context stretch (frequencies divided by it)", "rope_type ≠ 0"),
+    Field(436, "rope_attention_factor", "f", "cos and sin multiplied by it (yarn: 0.1·ln(factor) + 1 unless "
+          "the config sets it; linear: 1)", "linear: == 1"),
+    Field(440, "rope_ramp_low", "f", "yarn: first frequency pair of the blend (linear: 0)", "linear: == 0"),
+    Field(444, "rope_ramp_width", "f", "yarn: pairs the blend spans; pair i is interpolated by "
+          "clamp((i − low) / width, 0, 1) (linear: 0)", "linear: == 0"),
+)
+ROPE_FORMAT = "<" + "".join(f.code for f in ROPE_FIELDS)
+assert ROPE_OFFSET + struct.calcsize(ROPE_FORMAT) == ROPE_END
+HEADER_FIELD = {f.name: f for f in HEADER_FIELDS + ROPE_FIELDS}
 
 # The table must tile [0, 432) without gaps or overlaps: checked once at import.
 _end = 0
@@ -292,6 +311,7 @@ def _config_values(cfg: ModelConfig) -> dict:
         "num_experts": u32("num_experts", cfg.num_experts),
         "num_experts_per_tok": u32("num_experts_per_tok", cfg.num_experts_per_tok),
         "moe_intermediate_size": u32("moe_intermediate_size", cfg.moe_intermediate_size),
+        "rope_type": ROPE_TYPES[cfg.rope_scaling.rope_type] if cfg.rope_scaling else 0,
     }
     sec = list(cfg.mrope_section or [])
     if len(sec) > 4 or any(s <= 0 for s in sec):
@@ -350,7 +370,7 @@ def pack_header(config: ModelConfig, *, flags: int, n_tensors: int, data_offset:
     vals = _config_values(config)
     vals.update({
         "magic": MAGIC, "version": VERSION, "flags": flags, "n_tensors": n_tensors,
-        "dir_offset": DIR_OFFSET, "entry_size": ENTRY_SIZE, "reserved0": 0,
+        "dir_offset": DIR_OFFSET, "entry_size": ENTRY_SIZE,
         "data_offset": data_offset, "file_len": file_len,
         "sig_magic": SIG_MAGIC, "sig_version": SIG_VERSION,
         "tool": pack_str(tool or f"kestrel-lab {__version__}", 32, "tool"),
@@ -370,8 +390,17 @@ def pack_header(config: ModelConfig, *, flags: int, n_tensors: int, data_offset:
     return struct.pack(HEADER_FORMAT, *args)
 
 
+def pack_rope_block(config: ModelConfig) -> bytes:
+    """The 16 bytes at 432: the RoPE block of a scaled configuration, zeros for plain RoPE. Taught in day24_3."""
+    r = config.rope_scaling
+    if r is None:
+        return bytes(ROPE_END - ROPE_OFFSET)
+    return struct.pack(ROPE_FORMAT, r.factor, r.attention_factor, r.ramp_low, r.ramp_width)
+
+
 def unpack_header_raw(buf: bytes) -> dict:
-    """The 432 header bytes → {field name: value} without any check (what the inspector shows). Taught in day16_2."""
+    """The header bytes → {field name: value} without any check (what the inspector shows); given the
+    first 448 bytes (or more), the RoPE block's fields too. Taught in day16_2."""
     if len(buf) < HEADER_END:
         raise VQFFormatError(f"header needs {HEADER_END} bytes, got {len(buf)}")
     values = struct.unpack_from(HEADER_FORMAT, buf, 0)
@@ -380,7 +409,26 @@ def unpack_header_raw(buf: bytes) -> dict:
         n = int(f.code[:-1]) if f.code[:-1].isdigit() and not f.code.endswith("s") else 1
         out[f.name] = tuple(values[i:i + n]) if n > 1 else values[i]
         i += n
+    if len(buf) >= ROPE_END:
+        out.update(zip((f.name for f in ROPE_FIELDS), struct.unpack_from(ROPE_FORMAT, buf, ROPE_OFFSET)))
     return out
+
+
+def _rope_from_header(h: dict, bad) -> RopeScaling | None:
+    """The rope scaling a header's ``rope_type`` and RoPE block describe (None: plain RoPE)."""
+    kind = h["rope_type"]
+    if kind not in ROPE_TYPE_NAMES:
+        bad("rope_type", f"unknown RoPE scaling id {kind} (known: {ROPE_TYPE_NAMES})")
+    if kind == 0:
+        return None
+    if "rope_factor" not in h:
+        bad("rope_type", f"is {kind} ({ROPE_TYPE_NAMES[kind]}) but the RoPE block (bytes {ROPE_OFFSET}..{ROPE_END}) "
+                         "was not read")
+    vals = [h[f.name] for f in ROPE_FIELDS]
+    if kind == ROPE_TYPES["linear"] and vals[1:] != [1.0, 0.0, 0.0]:
+        name = ROPE_FIELDS[1 + next(i for i, (a, b) in enumerate(zip(vals[1:], [1.0, 0.0, 0.0])) if a != b)].name
+        bad(name, f"{h[name]!r}: a linear scaling has attention factor 1 and no ramp")
+    return RopeScaling(ROPE_TYPE_NAMES[kind], *vals)
 
 
 def config_from_header(h: dict, where: str = "") -> ModelConfig:
@@ -395,6 +443,7 @@ def config_from_header(h: dict, where: str = "") -> ModelConfig:
         bad("arch", f"unknown architecture id {h['arch']} (known: {ARCHS})")
     if h["model_bits"] & ~0x7:
         bad("model_bits", f"0x{h['model_bits']:x} sets bits this version does not define (only 0..2)")
+    rope = _rope_from_header(h, bad)
     sec = list(h["mrope_section"])
     used = [s for s in sec if s]
     if sec[:len(used)] != used:
@@ -440,19 +489,23 @@ def config_from_header(h: dict, where: str = "") -> ModelConfig:
         mrope_section=used or None, mrope_interleaved=bool(h["model_bits"] & 2),
         num_experts=h["num_experts"], num_experts_per_tok=h["num_experts_per_tok"],
         moe_intermediate_size=h["moe_intermediate_size"], norm_topk_prob=bool(h["model_bits"] & 4),
-        vision=vision)
-    # Every count, width and float within the one table of bounds, before anything is planned from it.
+        vision=vision, rope_scaling=rope)
+    # Every count, width and float within the one table of bounds, before anything is planned from it;
+    # every value that changes the math one the engine implements (the config-field table's half).
     try:
         limits.check_config(cfg)
     except limits.LimitError as e:
         bad(header_field_of(e.field), e.detail)
+    refused = config_fields.check_implemented(cfg)
+    if refused:
+        bad(header_field_of(refused[0]), refused[1])
     return cfg
 
 
 def _bound_rule(header_field: str) -> str:
     """The bound of the config field a header field stores, as the spec table shows it ('' if none)."""
-    path = {"deepstack_visual_indexes": "vision.deepstack_visual_indexes", "created": "vqf.created"}.get(
-        header_field, header_field.replace("vision_", "vision.", 1))
+    path = {"deepstack_visual_indexes": "vision.deepstack_visual_indexes", "created": "vqf.created",
+            **{v: k for k, v in _ROPE_HEADER.items()}}.get(header_field, header_field.replace("vision_", "vision.", 1))
     b = limits.BOUND.get(path)
     if b is None:
         return ""
@@ -462,12 +515,18 @@ def _bound_rule(header_field: str) -> str:
     return f"[{lo}, {hi}]{extra}（界限表）" + ("，有限数" if b.kind == "float" else "")
 
 
+_ROPE_HEADER = {"rope_scaling.factor": "rope_factor", "rope_scaling.attention_factor": "rope_attention_factor",
+                "rope_scaling.ramp_low": "rope_ramp_low", "rope_scaling.ramp_width": "rope_ramp_width"}
+
+
 def header_field_of(config_field: str) -> str:
     """The header field that stores a ``ModelConfig`` field (``vision.depth`` → ``vision_depth``).
 
     Taught in day27_1."""
     if config_field == "vision.deepstack_visual_indexes":
         return "deepstack_visual_indexes"
+    if config_field.startswith("rope_scaling"):
+        return _ROPE_HEADER.get(config_field, "rope_type")
     if config_field == "vision":
         return "vision_depth"
     name = config_field.replace("vision.", "vision_", 1)
@@ -516,6 +575,7 @@ def spec_tables() -> dict[str, str]:
 
     header = [f for f in HEADER_FIELDS if f.offset < 200]
     sig = [f for f in HEADER_FIELDS if f.offset >= 200]
+    rope_ids = ", ".join(f"{v} = {k}" for k, v in ROPE_TYPES.items())
     flags = ["| 位 | 掩码 | 名字 | 含义 |", "|---:|---:|---|---|"]
     flags += [f"| {f.bit} | 0x{f.mask:x} | `{f.name}` | {f.meaning} |" for f in FLAGS]
     qt = ["| qtype | 名字 | 每块值数 | 每块字节 | 行数须为…的倍数 | bytes 公式 |", "|---:|---|---:|---:|---:|---|"]
@@ -524,7 +584,7 @@ def spec_tables() -> dict[str, str]:
                    else f"rows × cols / {q.block_size} × {q.block_bytes}")
         qt.append(f"| {q.id} | {q.name} | {q.block_size} | {q.block_bytes} | {q.row_multiple} | {formula} |")
     acts = ", ".join(f"{k} = {v}" for k, v in VISION_ACTS.items())
-    return {"header": table(header), "sig": table(sig), "entry": table(ENTRY_FIELDS),
+    return {"header": table(header), "sig": table(sig), "entry": table(ENTRY_FIELDS), "rope": table(ROPE_FIELDS),
             "flags": "\n".join(flags), "qtypes": "\n".join(qt),
             "constants": "\n".join([
                 f"- magic: `{MAGIC!r}`（小端 u32 `0x{MAGIC_U32:08x}`），version = {VERSION}",
@@ -535,4 +595,6 @@ def spec_tables() -> dict[str, str]:
                 f"- 明文文件尾部 {TRAILER_BYTES} 字节 FNV-1a 64；文件大小 = file_len + {TRAILER_BYTES}；"
                 f"加密文件尾部 {TAG_BYTES} 字节 HMAC-SM3 标签；文件大小 = file_len + {TAG_BYTES}",
                 f"- vision_hidden_act：{acts}；n_tensors 上限 {MAX_TENSORS}",
+                f"- rope_type：{rope_ids}；RoPE 块在 {ROPE_OFFSET}..{ROPE_END}（VQFSig 与目录之间），"
+                f"rope_type = 0 时全为 0",
             ])}

@@ -49,7 +49,7 @@ def parse(path: str | os.PathLike, max_entries: int = F.MAX_TENSORS) -> Parsed:
     path = Path(path)
     size = path.stat().st_size
     with open(path, "rb") as fh:
-        head = fh.read(F.HEADER_END)
+        head = fh.read(F.DIR_OFFSET)                   # header, VQFSig and the RoPE block
         if len(head) < F.HEADER_END:
             raise F.VQFFormatError(f"{path}: only {len(head)} bytes; the header alone is {F.HEADER_END}")
         h = F.unpack_header_raw(head)
@@ -149,7 +149,7 @@ def report(p: Parsed, checks: list[Check] | None = None) -> str:
 def header_report(p: Parsed) -> str:
     """Every header field: offset, name, value. Taught in day16_2."""
     lines = []
-    for f in F.HEADER_FIELDS:
+    for f in F.HEADER_FIELDS + (F.ROPE_FIELDS if "rope_factor" in p.header else ()):
         v = p.header[f.name]
         if f.name in ("magic", "sig_magic"):
             shown = repr(v)

@@ -296,8 +296,40 @@ def plan(config: ModelConfig, quant: "str | QType" = "q4_0", experts: str = "per
             raise VQFFormatError(f"tensor name {s.name!r} does not fit name[{NAME_BYTES}]")
         if s.rows >= 1 << 32 or s.cols >= 1 << 32:
             raise VQFFormatError(f"{s.name}: {s.rows}×{s.cols} does not fit the directory's u32 rows/cols")
-        s.nbytes  # raises if cols is not a multiple of the block or rows of the interleave
+        try:
+            s.nbytes  # raises if cols is not a multiple of the block or rows of the interleave
+        except ValueError:
+            raise VQFFormatError(shape_refusal(s, config)) from None
     return specs
+
+
+def _dims(config: ModelConfig) -> dict[str, int]:
+    """The configuration's widths by the config.json field (or product) that sets them."""
+    v = config.vision
+    out = {"hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size,
+           "num_attention_heads × head_dim": config.q_dim, "num_key_value_heads × head_dim": config.kv_dim,
+           "moe_intermediate_size": config.moe_intermediate_size, "vocab_size": config.vocab_size}
+    if v is not None:
+        out.update({"vision_config.hidden_size": v.hidden_size, "vision_config.intermediate_size": v.intermediate_size,
+                    "vision_config.hidden_size × spatial_merge_size²": v.merged_dim})
+    return out
+
+
+def shape_refusal(spec: TensorSpec, config: ModelConfig) -> str:
+    """Why ``spec``'s quantization cannot hold its shape: the entry, its shape and sources, the block rule and
+    the config.json field behind the width, and what can. Taught in day17_1."""
+    q = _qtype(spec.qtype)
+    fields = [k for k, n in _dims(config).items() if n in (spec.cols, spec.rows)]
+    src = spec.sources[0] + (f" and {len(spec.sources) - 1} more" if len(spec.sources) > 1 else "")
+    if spec.cols % q.block_size:
+        rule = f"{q.name} stores each row in blocks of {q.block_size} values; cols = {spec.cols:,} is not a multiple"
+        dim, what, fix = spec.cols, "the width", "F32 and F16 hold any width: convert with --quant f32 or f16"
+    else:
+        rule = f"{q.name} interleaves rows {q.row_multiple} at a time; rows = {spec.rows:,} is not a multiple"
+        dim, what, fix = spec.rows, "the row count", "q4_0, q8_0, f16 and f32 take any row count"
+    by = next((k for k in fields if _dims(config)[k] == dim), None)
+    return (f"{q.name} cannot hold entry {spec.name} ({spec.rows:,} × {spec.cols:,}, from {src}): {rule}"
+            + (f" ({what} is config.json's {by})" if by else "") + f"; {fix}")
 
 
 def text_specs(config: ModelConfig, quant: "str | QType" = "f32") -> list[TensorSpec]:
@@ -353,5 +385,6 @@ def source_rows(spec: TensorSpec, shapes: dict[str, tuple[int, ...]]) -> list[in
     return out
 
 
-__all__ = ["TensorSpec", "plan", "text_specs", "vision_specs", "resolve_quant", "source_rows", "has_repacked",
+__all__ = ["TensorSpec", "plan", "shape_refusal",
+           "text_specs", "vision_specs", "resolve_quant", "source_rows", "has_repacked",
            "QUANTS", "EXPERT_KEYS", "dense_ffn_name", "split_source", "config_for_directory", "expert_runs"]

@@ -77,6 +77,7 @@ class FilePlan:
         head = F.pack_header(self.config, flags=self.flags, n_tensors=self.n_tensors,
                              data_offset=self.data_offset, file_len=self.file_len, source=source,
                              quant=self.quant.name.lower() if self.quant else "", created=created)
+        head += F.pack_rope_block(self.config)                   # 432..448: zero unless RoPE is scaled
         out = head + b"\x00" * (F.DIR_OFFSET - len(head)) + self.directory_bytes()
         return out + b"\x00" * (self.data_offset - len(out))
 

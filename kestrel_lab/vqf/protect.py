@@ -104,28 +104,57 @@ def write_key_file(path: str | os.PathLike, key: bytes | None = None, *, overwri
     return path
 
 
+KEY_FILE_MAX = 64          # bytes a key file may have: 32 hex characters and a newline, with room to say so
+
+
 def read_key_file(path: str | os.PathLike) -> bytes:
     """The 16-byte key in ``path``: exactly 32 hex characters, optionally one newline; refused when
     the file is readable or writable by group or others (as ssh refuses such a private key).
-    Taught in day26_1."""
+
+    The file is opened without blocking (a named pipe cannot hang it) and checked with ``fstat`` to be a
+    small regular file before a byte is read; then at most ``KEY_FILE_MAX`` + 1 bytes are read, so
+    ``/dev/zero``, a FIFO or a 1 GiB sparse file is refused at once. Taught in day26_1."""
     path = Path(path)
     try:
-        st = path.stat()
-        raw = path.read_bytes()[:256]
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
     except FileNotFoundError:
         raise KeyFileError(f"{path}: key file not found (make one with `kestrel-lab vqf keygen -o {path}`)") from None
     except OSError as e:
         raise KeyFileError(f"{path}: cannot read the key file: {e.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise KeyFileError(f"{path}: not a regular file")
-    if st.st_mode & 0o077:
-        raise KeyFileError(f"{path}: mode {stat.S_IMODE(st.st_mode):04o} lets group or others access the key; "
-                           f"run `chmod 600 {path}`")
+    try:
+        raw = _read_small_regular(path, fd)
+    finally:
+        os.close(fd)
     text = raw[:-1] if raw.endswith(b"\n") else raw
     if len(text) != 2 * KEY_BYTES or any(c not in b"0123456789abcdefABCDEF" for c in text):
         raise KeyFileError(f"{path}: expected {2 * KEY_BYTES} hex characters and a newline (byte 0..{2 * KEY_BYTES}), "
                            f"got {len(raw)} bytes{' that are not all hex' if len(text) == 2 * KEY_BYTES else ''}")
     return bytes.fromhex(text.decode("ascii"))
+
+
+def _read_small_regular(path: Path, fd: int) -> bytes:
+    """The bytes of an open key file, after checking that it is a regular file of at most KEY_FILE_MAX bytes
+    that only its owner can access."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a named pipe" if stat.S_ISFIFO(st.st_mode) else "a character device" if stat.S_ISCHR(st.st_mode)
+                else "a directory" if stat.S_ISDIR(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
+                else "a block device" if stat.S_ISBLK(st.st_mode) else "not a regular file")
+        raise KeyFileError(f"{path}: is {kind}; a key file is a regular file of {2 * KEY_BYTES + 1} bytes "
+                           f"(make one with `kestrel-lab vqf keygen -o K`)")
+    if st.st_mode & 0o077:
+        raise KeyFileError(f"{path}: mode {stat.S_IMODE(st.st_mode):04o} lets group or others access the key; "
+                           f"run `chmod 600 {path}`")
+    if st.st_size > KEY_FILE_MAX:
+        raise KeyFileError(f"{path}: {st.st_size:,} bytes; a key file has {2 * KEY_BYTES + 1} "
+                           f"({2 * KEY_BYTES} hex characters and a newline): nothing was read")
+    try:
+        raw = os.read(fd, KEY_FILE_MAX + 1)
+    except OSError as e:
+        raise KeyFileError(f"{path}: cannot read the key file: {e.strerror}") from None
+    if len(raw) > KEY_FILE_MAX:   # it grew after fstat
+        raise KeyFileError(f"{path}: more than {KEY_FILE_MAX} bytes; a key file has {2 * KEY_BYTES + 1}")
+    return raw
 
 
 def resolve_key_file(key_file: str | os.PathLike | None) -> Path | None:

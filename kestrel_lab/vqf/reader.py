@@ -204,7 +204,7 @@ def _parse(path: Path, mm: mmap.mmap, size: int, verify: bool, key_file=None) ->
 
     buf = memoryview(mm)
     try:
-        h = F.unpack_header_raw(buf[:F.HEADER_END])
+        h = F.unpack_header_raw(buf[:F.DIR_OFFSET])     # header, VQFSig and the RoPE block
         mine = seam.get("vqf.parse_header")        # a student's piece (``kestrel_lab.seam``): its fields win
         if mine is not None:
             h.update(_piece_header(mine(bytes(buf[:F.HEADER_END])), where))
@@ -214,7 +214,7 @@ def _parse(path: Path, mm: mmap.mmap, size: int, verify: bool, key_file=None) ->
     _check_identity(where, h, hbad)
     n, dir_end, d0, fl = _check_extent(h, size, hbad)
     source, config = _check_signature(where, h, hbad)
-    _check_padding(mm, dir_end, d0, bad)
+    _check_padding(mm, h, dir_end, d0, bad)
     entries = _parse_directory(where, mm, n, d0, fl, bad)
     repacked = any(e.qtype == Q.Q4_8X8L.id for e in entries)
     if bool(flags & F.FLAG["REPACKED_8X8"]) != repacked:
@@ -262,7 +262,7 @@ def _check_extent(h: dict, size: int, hbad) -> tuple[int, int, int, int]:
         hbad("n_tensors", f"{n:,} exceeds the format's limit of {F.MAX_TENSORS:,}")
     if dir_end > size:
         hbad("n_tensors", f"{n:,} entries end at byte {dir_end:,}, past the file's {size:,} bytes")
-    for name, want in (("dir_offset", F.DIR_OFFSET), ("entry_size", F.ENTRY_SIZE), ("reserved0", 0)):
+    for name, want in (("dir_offset", F.DIR_OFFSET), ("entry_size", F.ENTRY_SIZE)):
         if h[name] != want:
             hbad(name, f"{h[name]} must be {want} in version {F.VERSION}")
     d0, fl = h["data_offset"], h["file_len"]
@@ -296,10 +296,13 @@ def _check_signature(where: str, h: dict, hbad) -> tuple[dict, ModelConfig]:
     return source, config
 
 
-def _check_padding(mm: mmap.mmap, dir_end: int, d0: int, bad) -> None:
-    """Padding that is not hashed must be zero (so a file has one valid byte image)."""
-    for lo, hi, what in ((F.HEADER_END, F.DIR_OFFSET, "padding after VQFSig"),
-                         (dir_end, d0, "padding between directory and data")):
+def _check_padding(mm: mmap.mmap, h: dict, dir_end: int, d0: int, bad) -> None:
+    """Padding that is not hashed must be zero (so a file has one valid byte image): between the directory
+    and the data, and the RoPE block after VQFSig when the file's RoPE is plain (``rope_type`` 0)."""
+    pads = [(dir_end, d0, "padding between directory and data")]
+    if not h["rope_type"]:
+        pads.insert(0, (F.ROPE_OFFSET, F.ROPE_END, "RoPE block (rope_type is 0)"))
+    for lo, hi, what in pads:
         seg = mm[lo:hi]
         if seg.strip(b"\x00"):
             bad(what, lo + len(seg) - len(seg.lstrip(b"\x00")), "not zero")
@@ -314,15 +317,86 @@ def _attach(where: str, config: ModelConfig, entries: list[VQFTensor],
 
     config = config_for_directory(config, [e.name for e in entries])  # an MoE file's dense layers
     try:
-        expected = {s.name: s for s in plan(config)}
-        # the qtypes a converter may give each entry: the union over every --quant
-        allowed = {}
-        for quant in QUANTS:
-            for s in plan(config, quant):
-                allowed.setdefault(s.name, set()).add(s.qtype)
+        expected = {s.name: s for s in plan(config, "f32")}   # F32 takes any shape
     except ValueError as e:
         raise VQFFormatError(f"{where}: the header's model configuration (bytes 16..184) gives no valid "
                              f"layout: {e}") from None
+    # the qtypes a converter may give each entry: the union over every --quant that can hold the shapes
+    # (a quantized format needs its block size; the directory's own entries were checked against theirs)
+    allowed = {}
+    for quant in QUANTS:
+        try:
+            specs = plan(config, quant)
+        except ValueError:
+            continue
+        for s in specs:
+            allowed.setdefault(s.name, set()).add(s.qtype)
+    tensors, unknown = {}, []
+    for e in entries:
+        s = expected.get(e.name)
+        if s is None:
+            unknown.append(e.name)
+            continue
+        if (e.rows, e.cols) != (s.rows, s.cols):
+            bad(f"entry[{e.index}] ({e.name}).rows/cols", F.DIR_OFFSET + F.ENTRY_SIZE * e.index + 36,
+                f"{e.rows}×{e.cols}, but the header's configuration implies {s.rows}×{s.cols}")
+        if e.qtype not in allowed[e.name]:
+            bad(f"entry[{e.index}] ({e.name}).qtype", F.DIR_OFFSET + F.ENTRY_SIZE * e.index + 32,
+                f"{Q.qtype(e.qtype).name}, but a converter stores {e.name} as "
+                f"{' or '.join(sorted(Q.qtype(q).name for q in allowed[e.name]))}")
+        tensors[e.name] = e
+    missing = [name for name in expected if name not in tensors]
+    return config, tensors, unknown, missing
+
+
+def _check_layout(h: dict, size: int, hbad) -> tuple[int, int, int, int]:
+    """(n_tensors, end of the directory, data_offset, file_len), each checked against the file's size."""
+    trailer = protect.trailer_bytes(h["flags"])
+    n = h["n_tensors"]
+    dir_end = F.DIR_OFFSET + F.ENTRY_SIZE * n
+    if n > F.MAX_TENSORS:
+        hbad("n_tensors", f"{n:,} exceeds the format's limit of {F.MAX_TENSORS:,}")
+    if dir_end > size:
+        hbad("n_tensors", f"{n:,} entries end at byte {dir_end:,}, past the file's {size:,} bytes")
+    for name, want in (("dir_offset", F.DIR_OFFSET), ("entry_size", F.ENTRY_SIZE)):
+        if h[name] != want:
+            hbad(name, f"{h[name]} must be {want} in version {F.VERSION}")
+    d0, fl = h["data_offset"], h["file_len"]
+    if d0 % F.PAGE:
+        hbad("data_offset", f"{d0:,} is not a multiple of {F.PAGE}")
+    if d0 < dir_end:
+        hbad("data_offset", f"{d0:,} is inside the directory (which ends at {dir_end:,})")
+    if d0 > size:
+        hbad("data_offset", f"{d0:,} is past the end of the file ({size:,} bytes)")
+    if fl < d0:
+        hbad("file_len", f"{fl:,} is before data_offset {d0:,}")
+    if fl + trailer != size:
+        hbad("file_len", f"file_len + {trailer} = {fl + trailer:,} but the file has {size:,} bytes "
+                         f"({'truncated' if size < fl + trailer else 'trailing bytes'})")
+    return n, dir_end, d0, fl
+
+
+def _attach(where: str, config, entries, bad):
+    """(config, tensors, unknown, missing): the entries the configuration names, by name — each with the
+    shape it implies and a qtype some converter gives it — the names it does not know, and those it lacks."""
+    from kestrel_lab.vqf.layout import QUANTS, config_for_directory, plan
+
+    config = config_for_directory(config, [e.name for e in entries])  # an MoE file's dense layers
+    try:
+        expected = {s.name: s for s in plan(config, "f32")}   # F32 takes any shape
+    except ValueError as e:
+        raise VQFFormatError(f"{where}: the header's model configuration (bytes 16..184) gives no valid "
+                             f"layout: {e}") from None
+    # the qtypes a converter may give each entry: the union over every --quant that can hold the shapes
+    # (a quantized format needs its block size; the directory's own entries were checked against theirs)
+    allowed = {}
+    for quant in QUANTS:
+        try:
+            specs = plan(config, quant)
+        except ValueError:
+            continue
+        for s in specs:
+            allowed.setdefault(s.name, set()).add(s.qtype)
     tensors, unknown = {}, []
     for e in entries:
         s = expected.get(e.name)

@@ -123,6 +123,9 @@ def render() -> dict[str, str]:
     out = spec_tables()
     out["limits"] = _limits()
     out["protection"] = _protection()
+    from kestrel_lab.config_fields import spec_table as config_table
+
+    out["config"] = config_table()
     out["map2b"] = _map_2b()
     out["sources"] = _sources()
     out["moe"] = _moe()

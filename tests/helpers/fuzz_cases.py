@@ -99,7 +99,7 @@ def config_op(doc: dict):
 def strategy(target):
     """The Hypothesis strategy of mutations for one target, drawn as small tuples (``build`` makes the
     bytes): Hypothesis keeps and prints what it draws, and 600 kB inputs would cost it memory and time."""
-    if target.name == "config":
+    if target.name.startswith("config"):
         doc = json.loads(target.seed)
         structural = st.tuples(st.just("json"), st.lists(config_op(doc), min_size=1, max_size=3))
         raw = st.tuples(st.just("bytes"), st.lists(byte_ops(target.hot, len(target.seed)), min_size=1, max_size=2))
@@ -130,6 +130,48 @@ def build(target, drawn) -> bytes:
         except (KeyError, IndexError, TypeError):
             pass   # the path went away with an earlier mutation
     return json.dumps(d, indent=2).encode()
+
+
+def _config_differential(path: Path, ours) -> str | None:
+    """For a config.json we load: transformers given the same file must compute the same math — the RoPE
+    frequencies and attention factor (its ``ROPE_INIT_FUNCTIONS``) and the fields the engine runs on — or
+    refuse it (its strict types: counted, not a mismatch). None when they agree."""
+    if ours.status != "loaded":
+        return None
+    try:
+        import torch  # noqa: F401  (transformers needs it; an ImportError skips the comparison)
+        import transformers
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    except ImportError:
+        return None
+    transformers.logging.set_verbosity_error()
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        ref = transformers.AutoConfig.for_model(doc.pop("model_type"), **doc)
+        rt = ref.rope_parameters.get("rope_type", "default")
+        inv, att = (ROPE_INIT_FUNCTIONS[rt](ref) if rt != "default" else (None, 1.0))
+    except Exception:  # transformers refuses the file: nothing to compare
+        return "reference refused"
+    import numpy as np
+
+    from kestrel_lab import rope_scaling as R
+
+    cfg = ours.extra["config"]
+    theta = ref.rope_parameters["rope_theta"]
+    got = R.inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+    want = inv.numpy() if inv is not None else R.base_inv_freq(cfg.head_dim, theta)
+    out = []
+    if theta != cfg.rope_theta or not np.allclose(got, want, rtol=5e-7, atol=0):
+        out.append(f"rope frequencies (θ ours {cfg.rope_theta}, transformers {theta}, type {rt})")
+    if np.float32(att) != np.float32(R.attention_factor(cfg.rope_scaling)):
+        out.append(f"attention factor ours {R.attention_factor(cfg.rope_scaling)}, transformers {att}")
+    names = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+             "num_key_value_heads", "rms_norm_eps", "tie_word_embeddings")
+    moe = ("num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob") if cfg.arch == "qwen3_moe" else ()
+    for n in names + moe:
+        if getattr(ref, n) != getattr(cfg, n):
+            out.append(f"{n}: ours {getattr(cfg, n)!r}, transformers {getattr(ref, n)!r}")
+    return "; ".join(out) or None
 
 
 def _vm_bytes() -> int:
@@ -174,6 +216,10 @@ def main(argv=None) -> int:
     if warm.status != "loaded":
         print(json.dumps({"error": f"the seed does not load: {warm}"}))
         return 2
+    differential = {"safetensors": _differential, "config_moe": _config_differential}.get(target.name)
+    if differential is not None and differential(case_path, warm):   # and import the reference before the cap
+        print(json.dumps({"error": f"the seed disagrees with the reference: {differential(case_path, warm)}"}))
+        return 2
     base = _vm_bytes()
     cap = base + (a.cap_mib << 20)
     resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))
@@ -193,9 +239,12 @@ def main(argv=None) -> int:
         stats["outcomes"][out.status] = stats["outcomes"].get(out.status, 0) + 1
         if out.error:
             stats["errors"][out.error] = stats["errors"].get(out.error, 0) + 1
-        if target.name == "safetensors" and out.status in ("loaded", "refused"):
-            m = _differential(case_path, out)
-            if m and len(stats["mismatches"]) < 20:
+        m = differential(case_path, out) if differential and out.status in ("loaded", "refused") else None
+        if m == "reference refused":         # transformers' strict types refuse what the table accepts
+            stats["reference_refused"] = stats.get("reference_refused", 0) + 1
+            m = None
+        if m:
+            if len(stats["mismatches"]) < 20:
                 keep = work / f"mismatch-{len(stats['mismatches'])}{target.suffix}"
                 keep.write_bytes(data)
                 stats["mismatches"].append(f"{m}; input kept as {keep}")
