@@ -36,7 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "recorded)")
     n.add_argument("--days", help="only these days, e.g. 1-5 or 8,9 (default: every written lesson)")
     n.add_argument("--book-url", metavar="URL", default=None,
-                   help="the book the answers point to (default: this checkout's _build/html/, built by `make book`)")
+                   help="the book the answers point to: a URL or a folder (default: this checkout's _build/html/, "
+                        "built by `make book`)")
     n.set_defaults(func=_notebooks)
 
 

@@ -365,6 +365,8 @@ def write_student_notebooks(out_dir: str | os.PathLike | None = None, workspace:
     present = {found[i].as_posix() for i in ids}
     present |= {p.as_posix() for p in found.values() if (out_dir / p.relative_to("notebooks")).exists()}
     base = book_url or default_book_url(root)
+    if not re.match(r"^[a-z][a-z0-9+.-]*:", base, re.I):       # a folder: the built book copied somewhere
+        base = Path(base).expanduser().resolve().as_uri()
     base = base if base.endswith("/") else base + "/"
     report = StudentNotebooksReport(out_dir, ws)
     manifest = _read_manifest(out_dir)
