@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED := 1
 # inline backend is what puts a notebook's figures into the book (kestrel_lab.plotting.setup ensures it).
 unexport MPLBACKEND
 
-.PHONY: book test system-deps env ref-env dev-env test-env clean clean-cache rerun bench board-test board-smoke tiny-vl peers
+.PHONY: book test system-deps env ref-env dev-env test-env student clean clean-cache rerun bench board-test board-smoke tiny-vl peers
 
 # The runtime environment: requirements.txt + the package (editable, so notebooks see this checkout).
 $(VENV)/.runtime-installed: requirements.txt pyproject.toml
@@ -34,6 +34,11 @@ $(VENV)/.test-installed: $(VENV)/.runtime-installed requirements-test.txt
 	$(PY) -m pip install -q -r requirements-test.txt
 	@touch $@
 
+# JupyterLab on top of the runtime, for the student notebooks (`make student`); the book build does not need it.
+$(VENV)/.student-installed: $(VENV)/.runtime-installed requirements-student.txt
+	$(PY) -m pip install -q -r requirements-student.txt
+	@touch $@
+
 env: $(VENV)/.runtime-installed
 ref-env: $(VENV)/.ref-installed
 dev-env: $(VENV)/.dev-installed
@@ -44,11 +49,12 @@ system-deps:
 	@bash scripts/system-deps.sh
 
 # Execute the notebooks on the embedded defaults (cached: only changed notebooks re-run) and build HTML.
+# KESTREL_STUDENT=off: the book's exercise checks never use a student's workspace (book/student.md).
 book: $(VENV)/.ref-installed system-deps
 	$(KL) book sources
 	$(KL) book sweep-cache
 	$(KL) dashboard
-	$(VENV)/bin/jupyter-book build . --builder html -W -n --keep-going
+	KESTREL_STUDENT=off $(VENV)/bin/jupyter-book build . --builder html -W -n --keep-going
 	@echo "book: open _build/html/index.html"
 
 # Everything: the lint (ruff, configured in pyproject.toml), unit tests, the reference comparisons, every
@@ -61,6 +67,15 @@ test: $(VENV)/.dev-installed
 	$(KL) dashboard --check
 	$(MAKE) book
 	$(PY) -m pytest tests
+
+# The student's side (book/student.md): the workspace (`student init` at STUDENT_DIR, only when none is
+# configured yet) and the lessons without their answers in <workspace>/notebooks, to open in JupyterLab.
+STUDENT_DIR ?= $(HOME)/kestrel-student
+student: $(VENV)/.student-installed
+	@$(PY) -c 'from kestrel_lab import seam; raise SystemExit(0 if seam.configured() else 1)' \
+		|| $(KL) student init $(STUDENT_DIR)
+	$(KL) student notebooks $(ARGS)
+	@echo "student: open them with $(VENV)/bin/jupyter lab; check your pieces with $(KL) student check"
 
 # Re-run notebooks with papermill and record figures under data/measurements/$(RUNNER)/.
 RUNNER ?= local

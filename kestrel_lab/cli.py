@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "kestrel_lab.convert_cli",  # convert, tiny-model
     "kestrel_lab.engine.cli",  # generate, chat, bench, golden
     "kestrel_lab.eval_cli",  # eval ppl, eval kl
+    "kestrel_lab.student.cli",  # student init, check, notebooks
 ]
 
 

@@ -17,7 +17,7 @@ from kestrel_lab.paths import REPO_ROOT, data_dir
 NOTEBOOK_FILE = re.compile(r"^(day(\d\d)_([123]))_[a-z0-9_]+\.ipynb$")
 
 # Pages of the book that are not notebooks, in the order they appear; a page is listed once it exists.
-FRONT_PAGES = ["book/syllabus", "book/contributing"]
+FRONT_PAGES = ["book/syllabus", "book/student", "book/contributing"]
 REFERENCE_PAGES = ["book/formats/vocab_bin", "book/formats/vqf", "book/rerun", "book/dashboard"]
 
 WEEKS = [(1, 7), (8, 14), (15, 21), (22, 28), (29, 30)]

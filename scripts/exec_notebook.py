@@ -3,6 +3,7 @@
 
 usage: .venv/bin/python scripts/exec_notebook.py notebooks/day10/day10_2_gqa.ipynb [...]
 The executed copy lands in /tmp/nbexec/<name>.ipynb (open it to read the outputs). Exit 1 on an error.
+KESTREL_STUDENT is off unless set (the exercise checks then never use a student's workspace).
 """
 import os
 import sys
@@ -13,6 +14,7 @@ import nbformat
 from nbclient import NotebookClient
 
 os.environ.pop("MPLBACKEND", None)
+os.environ.setdefault("KESTREL_STUDENT", "off")  # as the book build: no student workspace unless asked for
 out_dir = Path(os.environ.get("NBEXEC_DIR", "/tmp/nbexec"))
 out_dir.mkdir(parents=True, exist_ok=True)
 bad = 0

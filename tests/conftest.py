@@ -12,6 +12,11 @@ import pytest
 # tests set the variable themselves). The book build and the command line measure.
 os.environ.setdefault("KESTREL_KERNEL_CHOICE", "isa")
 
+# A developer's own student workspace (KESTREL_STUDENT, or the file `kestrel-lab student init` writes) never
+# changes a test: every test, and every kernel or worker a test starts, runs with none. A test that wants
+# one sets KESTREL_STUDENT itself (monkeypatch.setenv).
+os.environ["KESTREL_STUDENT"] = "off"
+
 BOARD_SUBSET = frozenset(
     name for line in (Path(__file__).parent / "board_subset.txt").read_text(encoding="utf-8").splitlines()
     if (name := line.split("#", 1)[0].strip()))

@@ -16,7 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     book = sub.add_parser("book", help="generate the book's table of contents and syllabus page")
     book_sub = book.add_subparsers(dest="book_command", metavar="ACTION", required=True)
-    src = book_sub.add_parser("sources", help="regenerate _toc.yml and book/syllabus.md")
+    src = book_sub.add_parser("sources", help="regenerate _toc.yml, book/syllabus.md and the generated "
+                                                 "tables of book/contributing.md and book/student.md")
     src.add_argument("--check", action="store_true", help="fail if they are out of date instead")
     src.set_defaults(func=_book_sources)
     links = book_sub.add_parser("links", help="check (or --fix) every mention of another part: a link, "

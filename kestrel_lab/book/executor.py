@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from kestrel_lab import machine, measure
+from kestrel_lab import machine, measure, seam
 from kestrel_lab.atomic import write_json
 from kestrel_lab.book.runs import OK, STAGE, Result, RunFolder
 from kestrel_lab.measure import utc_now
@@ -131,9 +131,11 @@ class Executor:
         return result
 
     def _worker_env(self, stage: Path) -> dict[str, str]:
-        """The worker's environment: the staging folder for the Recorder, the inline plot backend, and
-        with ``cpus`` the CPUs and thread counts the notebook's engine and BLAS use."""
+        """The worker's environment: the staging folder for the Recorder, the inline plot backend, no student
+        workspace unless the caller named one (``KESTREL_STUDENT``), and with ``cpus`` the CPUs and thread
+        counts the notebook's engine and BLAS use."""
         env = dict(os.environ)
+        env.setdefault(seam.ENV, "off")  # the book's figures come from the package's code, not a workspace
         env[measure.STAGE_ENV] = str(stage)
         env.pop("MPLBACKEND", None)  # the kernel then uses the inline backend: figures land in the output
         env["PYTHONUNBUFFERED"] = "1"

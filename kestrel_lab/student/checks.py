@@ -653,6 +653,13 @@ def select(pieces: list[str] | None = None, days: list[int] | None = None) -> li
     return keys
 
 
+def _safe_function(ws: seam.Workspace, key: str):
+    try:
+        return ws.function(key)
+    except seam.WorkspaceError:
+        return None
+
+
 def run(ws: seam.Workspace, keys: list[str], *, full: bool = False, log=print) -> list[Row]:
     """Check ``keys`` of workspace ``ws`` one by one (``log`` hears each row as it is done), then — when every
     piece is selected — the written engine pieces together."""
@@ -660,11 +667,18 @@ def run(ws: seam.Workspace, keys: list[str], *, full: bool = False, log=print) -
     steps, GOLDEN_STEPS = GOLDEN_STEPS, (10 ** 6 if full else GOLDEN_STEPS)
     rows = []
     try:
+        broken = {}
         for key in keys:
-            rows.append(run_one(key, ws.function(key)))
+            try:
+                rows.append(run_one(key, ws.function(key)))
+            except seam.WorkspaceError as e:   # a module with a syntax error fails its pieces; the others go on
+                broken[key] = e
+                rows.append(Row(key, seam.BY_KEY[key].lesson, FAILS, detail=str(e)))
             log(_line(rows[-1]))
         if set(keys) == set(seam.BY_KEY):
-            rows.append(run_engine(ws.implemented()))
+            written = {k: fn for k, fn in ((k, _safe_function(ws, k)) for k in keys if k not in broken)
+                       if fn is not None and not seam.is_skeleton(fn)}
+            rows.append(run_engine(written))
             log(_line(rows[-1]))
     finally:
         GOLDEN_STEPS = steps
@@ -679,9 +693,15 @@ def _line(r: Row) -> str:
     return f"{MARK[r.status]} {r.key:<24} {r.lesson:<8} {r.status:<12} {secs}  {r.detail}"
 
 
+HEAD = f"  {'piece':<24} {'lesson':<8} {'status':<12} {'time':>8}  what was checked"
+
+
+def summary(rows: list[Row]) -> str:
+    """One line counting each status (the engine row is not a piece)."""
+    counts = {s: sum(r.status == s for r in rows if r.key != ENGINE) for s in (PASSES, FAILS, NOT_STARTED)}
+    return f"{counts[PASSES]} passes, {counts[FAILS]} fails, {counts[NOT_STARTED]} not started"
+
+
 def format_table(rows: list[Row]) -> str:
     """The progress table, then one line counting each status."""
-    head = f"  {'piece':<24} {'lesson':<8} {'status':<12} {'time':>8}  what was checked"
-    counts = {s: sum(r.status == s for r in rows if r.key != ENGINE) for s in (PASSES, FAILS, NOT_STARTED)}
-    tail = f"{counts[PASSES]} passes, {counts[FAILS]} fails, {counts[NOT_STARTED]} not started"
-    return "\n".join([head, *(_line(r) for r in rows), tail])
+    return "\n".join([HEAD, *(_line(r) for r in rows), summary(rows)])
