@@ -39,7 +39,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from kestrel_lab import paths
+from kestrel_lab import paths, seam
 from kestrel_lab.atomic import write_json
 from kestrel_lab.config import ModelConfig
 from kestrel_lab.imports import closure, package_modules
@@ -115,7 +115,8 @@ def _cached(out: Path, key: dict, build) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     if kp.exists():
         kp.unlink()          # the key goes first and comes back last: a crash in between means "rebuild"
-    build(out)
+    with seam.package_only():      # a student's piece swapped in never writes the shared cache
+        build(out)
     write_json(kp, key)
     return out
 

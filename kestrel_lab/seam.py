@@ -156,6 +156,19 @@ def swapped(pieces: dict[str, Callable]) -> Iterator[dict[str, Callable]]:
         _active.update(before)
 
 
+@contextlib.contextmanager
+def package_only() -> Iterator[None]:
+    """Run the block on the package's own code whatever is swapped in: files shared by every run (the model
+    cache) are never written by a student's piece."""
+    before = dict(_active)
+    _active.clear()
+    try:
+        yield
+    finally:
+        _active.clear()
+        _active.update(before)
+
+
 # --------------------------------------------------------------------------- the student's workspace
 class WorkspaceError(RuntimeError):
     """The configured workspace cannot be used (missing folder, a module that does not import)."""

@@ -50,8 +50,10 @@ _CACHE: dict = {}
 
 
 def _memo(name: str, make: Callable):
+    """The package's answer ``name``, made once, always with the package's own code (never a piece's)."""
     if name not in _CACHE:
-        _CACHE[name] = make()
+        with seam.package_only():
+            _CACHE[name] = make()
     return _CACHE[name]
 
 
