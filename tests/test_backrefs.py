@@ -201,3 +201,19 @@ def test_every_named_function_in_a_notebook_exists(nb_id):
     refs = sorted({m.group(1) for m in COMMENT_REF.finditer(CODE[nb_id])})
     missing = [r for r in refs if not _resolve(r)]
     assert not missing, f"{nb_id}: comments name what does not exist: {missing}"
+
+
+def test_every_builds_entry_of_the_syllabus_is_a_module_the_lesson_uses():
+    """data/syllabus.tsv's ``builds`` column names modules (``kernels.ops, roofline``) or says ``—``: a module
+    that moves or is renamed must move here too, and the lesson's own code uses it."""
+    wrong = []
+    for p in PARTS.values():
+        for name in p.builds.split(", "):
+            module = f"{PROJECT.package}.{name}"
+            if name == "—":
+                continue
+            if module not in PROJECT.modules() and f"{module}.__init__" not in PROJECT.modules():
+                wrong.append(f"{p.id}: {name} is no module of the package")
+            elif p.written and not _uses(CODE[p.id], module):
+                wrong.append(f"{p.id}: its notebook never uses {module}")
+    assert not wrong, "\n".join(wrong)
