@@ -7,7 +7,7 @@ Every piece of ``kestrel_lab.seam.PIECES`` is the exercise of its lesson. The le
 module never collide). ``exercises`` finds those cells, ``reference_sources`` gives each one with
 ``ref_<name>`` renamed ``<name>``, and ``fill`` writes them into a workspace made by ``student init`` — a
 workspace whose every piece is the book's answer, which ``kestrel-lab student check`` must pass.
-Taught in day30_1.
+``tests/test_student_solutions.py`` holds the lessons to this.
 """
 from __future__ import annotations
 
