@@ -4,7 +4,7 @@ The convention (book/contributing.md, 「练习的写法」):
 
 1. a **skeleton** cell the student fills in; until then it raises ``NotImplementedError``::
 
-       def my_chain_offsets(sizes, n_entries):
+       def my_chain_offsets(sizes, data_offset):
            raise NotImplementedError("练习 A1：在这里写你的实现")
 
 2. a **reference** solution in a cell tagged ``hide-input`` (folded in the book, below the skeleton);

@@ -187,14 +187,13 @@ def _convert_equal(fn, key: str, quant: str, tmp: str) -> str:
     with seam.swapped({key: fn}):
         convert(tiny_poem_dir(), mine, quant, hash_source=False)
     secs = time.perf_counter() - t0
-    a, b = mine.read_bytes(), ours.read_bytes()
-    created = F.HEADER_FIELD["created"]           # the conversion's time: the one header field two runs differ in
-    lo, hi = created.offset, created.offset + 8
-    at = _first_diff(a[:lo] + a[hi:], b[:lo] + b[hi:])
-    at = at if at is None or at < lo else at + 8
+    a, b = bytearray(mine.read_bytes()), ours.read_bytes()
+    created = F.HEADER_FIELD["created"]        # the conversion time (Unix seconds): the two runs may straddle a second
+    a[created.offset:created.offset + created.size] = b[created.offset:created.offset + created.size]
+    at = _first_diff(bytes(a), b)
     if at is None:
-        return (f"the poem VQF written with it ({quant}, {len(a):,} bytes) is the package's, byte for byte "
-                f"({secs:.1f} s)")
+        return (f"the poem VQF written with it ({quant}, {len(a):,} bytes) is the package's, byte for byte but the "
+                f"conversion time ({secs:.1f} s)")
     f = open_vqf(ours)
     hit = next((e for e in f.entries if e.offset <= at < e.offset + e.nbytes), None)
     f.close()

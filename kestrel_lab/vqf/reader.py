@@ -207,7 +207,7 @@ def _parse(path: Path, mm: mmap.mmap, size: int, verify: bool, key_file=None) ->
         h = F.unpack_header_raw(buf[:F.DIR_OFFSET])     # header, VQFSig and the RoPE block
         mine = seam.get("vqf.parse_header")        # a student's piece (``kestrel_lab.seam``): its fields win
         if mine is not None:
-            h.update(_piece_header(mine(bytes(buf[:F.HEADER_END])), where))
+            h.update(_piece_header(mine(bytes(buf[:F.DIR_OFFSET])), where))
     finally:
         buf.release()
     flags = h["flags"]
