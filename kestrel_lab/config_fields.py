@@ -276,7 +276,8 @@ def check_implemented(cfg) -> tuple[str, str] | None:
 
 
 def spec_table() -> str:
-    """Markdown: every field with section, type, use, bound or implemented values, meaning. Taught in day24_3."""
+    """Markdown: every field with section, type, use, bound or implemented values, meaning (the book's
+    config.json page, written by ``kestrel-lab book sources``)."""
     from kestrel_lab.limits import BOUND
 
     where = {"top": "顶层", "text": "文本模型", "rope": "rope_parameters", "vision": "vision_config",

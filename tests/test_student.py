@@ -153,3 +153,38 @@ def test_the_shared_model_cache_is_built_with_the_packages_code(tmp_path, monkey
         assert seam.get("quant.quantize_q8_0") is wrong
         path = models.vqf("qwen3-tiny-poem", quant="q8_0")
     assert path.is_file() and str(path).startswith(str(tmp_path))
+
+
+def test_a_workspace_of_the_reference_solutions_passes_check_all(tmp_path, capsys):
+    """The lessons' folded reference answers, written into a workspace, are a whole engine that passes."""
+    from kestrel_lab.student import solutions
+
+    solutions.fill(tmp_path / "ws")
+    assert main(["student", "check", "--all", "--workspace", str(tmp_path / "ws")]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(seam.PIECES)} passes, 0 fails, 0 not started" in out, out
+    engine = next(ln for ln in out.splitlines() if ln.split()[1:2] == [checks.ENGINE])
+    assert "passes" in engine and "pieces together" in engine, engine
+
+
+def test_capstone_takes_the_students_pieces_and_the_reference_for_the_rest(ws):
+    from kestrel_lab.student import capstone
+
+    _write_piece(ws, "layers", """
+        import numpy as np
+
+        def rmsnorm(x, w, eps):
+            x64 = np.asarray(x, np.float64)
+            return (x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + eps) * w).astype(np.float32)
+        """)
+    mine = capstone.assemble(seam.Workspace(ws))
+    assert mine.origin["layers.rmsnorm"] == capstone.YOURS
+    assert {o for k, o in mine.origin.items() if k != "layers.rmsnorm"} == {capstone.REFERENCE}
+    assert all(not seam.is_skeleton(fn) for fn in mine.functions.values())
+    with mine.counting():
+        from kestrel_lab.golden import _open
+
+        eng = _open("qwen3-tiny-poem", "f32")
+        eng.forward_all([151644, 872, 198])
+    assert mine.calls["layers.rmsnorm"] > 0 and mine.calls["moe.route"] == 0
+    assert seam.active() == {}

@@ -3,8 +3,8 @@
 The registry's ISA ladder (VNNI, then AVX2, else R32) is a default, not a fact: on the course's 2-vCPU
 Sapphire Rapids VM the AVX2 ``vpmaddubsw`` kernel reads faster than the VNNI ``vpdpbusd`` one. So on first
 use on a machine every row-grouped variant of ``kernels.variants`` the host can run is timed on the same
-matrix — one decode matvec, Qwen3-0.6B's FFN width, 48 MiB of weights (larger than a real cache, as a decode
-step's weights are), all threads — and the fastest is used when it is **clearly** faster than the ladder's
+matrix — one decode matvec 1,024 wide, 27 MiB of Q4_0 weights (beyond L2, as a decode step's weights
+are), all threads — and the fastest is used when it is **clearly** faster than the ladder's
 choice: its median at least ``MARGIN`` below, and every one of its runs faster than every run of the default
 (noise keeps the default). The choice and its timings are cached in ``kestrel_lab.paths.cache_dir()`` under
 the machine's identity (CPU model, the features the registry selects by, the CPU count, numba's version and

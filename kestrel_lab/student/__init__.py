@@ -6,6 +6,7 @@
   the package, a wrong one located (byte offset, tensor, layer and position, token id).
 - ``notebooks`` — ``student notebooks``: the lessons without their reference solutions and answers.
 - ``cli``       — the three commands.
+- ``capstone``  — day30_1's engine: the workspace's pieces, the reference answers for the rest, counted.
 
 Taught in day30_1.
 """

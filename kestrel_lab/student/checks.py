@@ -9,7 +9,7 @@ where the hidden state leaves the package's, the first differing token id. A slo
 how slow (seconds per token, MB/s); speed is never a failure.
 
 Engine pieces are each checked alone (the rest of the engine the package's), so a failure points at one
-piece; ``engine`` then runs every written engine piece together. Taught in day30_1.
+piece; ``engine`` then runs every written engine piece together. The student page (book/student.md) explains its table.
 """
 from __future__ import annotations
 

@@ -12,7 +12,8 @@ student has changed since this command wrote it is never overwritten: the new co
 nbgrader's ``ClearSolutions`` / ``generate_assignment`` clears ``BEGIN SOLUTION … END SOLUTION`` regions of
 cells its own metadata marks, inside its course layout; our solutions are whole ``ref_`` cells found from the
 check calls and our answers MyST admonitions, and jupytext converts formats without touching content — so the
-surgery is done here on nbformat, the well-kept library for notebook I/O. Taught in day30_1.
+surgery is done here on nbformat, the well-kept library for notebook I/O. The student page (book/student.md)
+explains where they go.
 """
 from __future__ import annotations
 

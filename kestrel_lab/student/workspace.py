@@ -7,7 +7,7 @@ gives the signature, what it must return, the lesson that teaches it and where t
 Running ``init`` again never touches a line the student wrote: it only adds missing modules and, at the end
 of a module, missing functions. ``init`` also records the folder in the config file ``kestrel_lab.seam``
 reads (unless ``--no-config``), so the lessons' exercise cells and ``student check`` find it.
-Taught in day30_1.
+The student page (book/student.md) explains it; day30_1 runs the engine the workspace grows into.
 """
 from __future__ import annotations
 

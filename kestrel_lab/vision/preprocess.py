@@ -124,7 +124,7 @@ def smart_resize(height: int, width: int, factor: int = 32, min_pixels: int = MI
 
 def to_rgb(image: Image.Image) -> np.ndarray:
     """(H, W, 3) uint8 as transformers' ``convert_to_rgb``: alpha (or palette transparency) composited
-    onto white with Pillow, anything else ``convert("RGB")``. Taught in day20_3.
+    onto white with Pillow, anything else ``convert("RGB")`` (``load_image`` does the same on its way).
     """
     return np.array(_rgb_image(image))
 

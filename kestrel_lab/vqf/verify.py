@@ -37,7 +37,7 @@ def _header_field(name: str) -> str:
 
 def compare_config(header: ModelConfig, config_json) -> list[str]:
     """Each field where the header's configuration differs from ``config_json``'s (a path or folder), as
-    "header field at offset N: header X, config.json Y". Taught in day24_3."""
+    "header field at offset N: header X, config.json Y" (``kestrel-lab vqf verify --config``)."""
     want = ModelConfig.from_hf(config_json)
     if want.arch == "qwen3_moe":   # a file records the dense layers only as its directory's entries
         want = dataclasses.replace(want, decoder_sparse_step=1)
