@@ -7,7 +7,7 @@ import numpy as np
 
 from kestrel_lab import models
 from kestrel_lab.engine import Qwen3Engine
-from kestrel_lab.bench import speed
+from kestrel_lab.bench import profile, speed
 from kestrel_lab.roofline import weights_read_per_token
 
 SMALL = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 64,
@@ -43,7 +43,16 @@ def test_bench_model_engine_speed_and_table(tmp_path, monkeypatch):
            "first_compile": {"to_first_token_s": 30.0, "to_first_decode_s": 31.0},
            "cold_start": {"to_first_token_s": 1.0, "interpreter_s": 0.1, "import_s": 0.3, "load_s": 0.2,
                           "prefill_s": 0.4}, "load_avg": (0.5, 0.5, 0.5)}
+    prof = profile.profile_file(path, 1, prompt_len=8, repeat=2)
+    parts = {p["name"]: p for p in prof["parts"]}
+    assert set(parts) == set(profile.MATRIX_PARTS) | {"attention", "small operations"}
+    matrix_bytes = sum(parts[n]["bytes"] for n in profile.MATRIX_PARTS)
+    norms = 4 * SMALL["hidden_size"] * (2 * SMALL["num_hidden_layers"] + 1) + 4 * 2 * 16 * SMALL["num_hidden_layers"]
+    assert matrix_bytes + norms + 2 * SMALL["hidden_size"] == eng.weight_bytes_per_token   # every weight byte once
+    assert all(p["seconds"] > 0 for p in prof["parts"]) and prof["step_s"] > 0
+    res["parts"] = {1: prof}
     table = speed.format_table(res)
+    assert "decode step by parts" in table and "the whole step" in table
     assert "decode % of ceiling" in table and "50 %" in table and "PyTorch fp32" in table
     assert "file layout (16-lane kernel)" in table and "at load" in table
     assert np.isfinite(fig["decode_ms_median"])

@@ -9,6 +9,7 @@ next to the others:
   writer once, cached by content under ``kestrel_lab.paths.cache_dir()``; never committed);
 - the memory read bandwidth (``roofline.memory_bandwidth``), the weight bytes one decode step reads
   and hence the bandwidth ceiling in tok/s (``roofline.decode_ceiling``), and the engine's % of it;
+- one decode step by parts (``bench.profile``): each part's time, bytes and GB/s against the bandwidth;
 - the matvec kernels' GB/s of weights on one FFN-shaped matrix: the naive block-by-block Q4_0 loop,
   the lane-accumulator Q4_0 and Q8_0 kernels, the Q4_8X8L kernel and every row-grouped Q4_0 variant
   of ``kernels.variants`` this host can run — the layout story in numbers;
@@ -287,6 +288,11 @@ def run(config_path=None, quant: str = "q4_0", threads: list[int] | None = None,
         res["pct_of_ceiling"][t] = 100.0 * e["decode_tok_s"] / ceil
         res["kernels_gbs"][t] = kernel_speeds(t)
         if qt is Q.Q4_0:
+            from kestrel_lab.bench.profile import profile_file
+
+            log(f"decode step by parts, {t} thread(s) …")
+            res.setdefault("parts", {})[t] = profile_file(path, t)
+        if qt is Q.Q4_0:
             log(f"engine on the file's plain Q4_0 layout, {t} thread(s) …")
             res.setdefault("engine_plain", {})[t] = engine_speed(path, t, decode_tokens=decode_tokens, interleave=False)
             log(f"engine on a Q4_8X8L copy, {t} thread(s) …")
@@ -343,6 +349,11 @@ def format_table(res: dict) -> str:
     row("decode % of ceiling", [res["pct_of_ceiling"][t] for t in ts], "{:.0f} %")
     for k in res["kernels_gbs"][ts[0]]:
         row(f"matvec GB/s: {k}", [res["kernels_gbs"][t][k] for t in ts], "{:.2f}")
+    if res.get("parts"):
+        from kestrel_lab.bench.profile import format_parts
+
+        for t in ts:
+            lines.append(format_parts(res["parts"][t], res["bandwidth"][t]))
     e = res["engine"][ts[-1]]
     rp = (res.get("engine_repacked") or {}).get(ts[-1])
     lines.append(f"load {e['load_s']:.2f} s; weights {', '.join(e['weight_qtypes'])}"
