@@ -3,11 +3,18 @@
 # llama-cpp-python sdist, for `kestrel-lab bench --peer llama.cpp` and lessons day29_1 / day29_2.
 # Optional: minutes on 2 cores (BUILD.json records how long) plus the download; never part of `make test` or CI.
 #
+# The strongest build that runs: -march=native first (GGML_NATIVE=ON); a smoke run of llama-bench on the
+# bench's own Q4_0 model follows, and if it dies (ggml's AMX backend dies of SIGILL on VMs that list AMX they
+# do not provide) the build is redone with explicit ISA flags read from the host (GGML_NATIVE=OFF,
+# GGML_AVX2/FMA/F16C/BMI2/AVX_VNNI/AVX512/AVX512_VBMI/AVX512_VNNI/AVX512_BF16 as the CPU lists them, AMX off).
+# BUILD.json says which build was chosen, with what flags, and why.
+#
 #   KESTREL_PEERS_DIR  where the build goes (default: <kestrel cache dir>/peers)
 #   PY                 the venv's python (default .venv/bin/python); requirements-peers.txt goes there
 #   JOBS               make -j (default 2)
-#   PEER_AMX           on (default): -march=native as it is; off: -march=native without AMX, for hosts
-#                      (VMs) that list amx_int8 where ggml's AMX backend dies of SIGILL in tilezero
+#   PEER_BUILD         auto (default): native, then isa if native dies; native; isa; native-noamx
+#                      (-march=native without AMX: the older fallback, for comparison)
+#   PEER_AMX=off       the same as PEER_BUILD=native-noamx (kept for old notes)
 set -euo pipefail
 
 SDIST_NAME=llama-cpp-python
@@ -44,33 +51,49 @@ fi
 LLAMA="$SRC/vendor/llama.cpp"
 
 # 3. Configure and build the two tools only. The flags are the fair-comparison pins of issue 13.
-BUILD="$PEERS/build"
-FLAGS=(-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_CPU_REPACK=ON -DGGML_BLAS=OFF
-       -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
-       -DLLAMA_BUILD_TOOLS=ON -DBUILD_SHARED_LIBS=ON)
-case "${PEER_AMX:-on}" in
-    on) ;;
-    off) NO_AMX="-march=native -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-         # ggml's native mode appends -march=native after these flags (AMX back on), so native is
-         # spelled out here and ggml adds only -m<isa> flags, none of them AMX.
-         FLAGS=("${FLAGS[@]/-DGGML_NATIVE=ON/-DGGML_NATIVE=OFF}" "-DCMAKE_C_FLAGS=$NO_AMX" "-DCMAKE_CXX_FLAGS=$NO_AMX") ;;
-    *) echo "peers: PEER_AMX is '${PEER_AMX}'; it takes on or off" >&2; exit 2 ;;
-esac
-start=$(date +%s)
-cmake -S "$LLAMA" -B "$BUILD" "${FLAGS[@]}" > "$PEERS/cmake-configure.log"
-cmake --build "$BUILD" --target llama-bench llama-quantize -j "$JOBS" > "$PEERS/cmake-build.log"
-seconds=$(( $(date +%s) - start ))
-test -x "$BUILD/bin/llama-bench" && test -x "$BUILD/bin/llama-quantize"
+COMMON=(-DCMAKE_BUILD_TYPE=Release -DGGML_CPU_REPACK=ON -DGGML_BLAS=OFF
+        -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
+        -DLLAMA_BUILD_TOOLS=ON -DBUILD_SHARED_LIBS=ON)
+isa_flags() {   # GGML_<ISA>=ON for each instruction set /proc/cpuinfo lists (x86-64), AMX off
+    local cpu; cpu=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+    local out=(-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+    local pair
+    for pair in avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 avx_vnni:AVX_VNNI avx512f:AVX512 \
+                avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
+        case "$cpu" in *" ${pair%%:*} "*) out+=("-DGGML_${pair##*:}=ON") ;; *) out+=("-DGGML_${pair##*:}=OFF") ;; esac
+    done
+    echo "${out[@]}"
+}
+flags_for() {   # the cmake flags of one build kind
+    case "$1" in
+        native) echo "${COMMON[*]} -DGGML_NATIVE=ON" ;;
+        isa) [ "$(uname -m)" = x86_64 ] || { echo "peers: PEER_BUILD=isa is for x86-64 hosts" >&2; return 2; }
+             echo "${COMMON[*]} $(isa_flags)" ;;
+        native-noamx) echo "${COMMON[*]} -DGGML_NATIVE=OFF" ;;   # -march=native comes through CMAKE_*_FLAGS
+        *) echo "peers: PEER_BUILD is '$1'; it takes auto, native, isa or native-noamx" >&2; return 2 ;;
+    esac
+}
+build() {   # build kind $1 into $PEERS/build-$1; prints the seconds it took
+    local kind=$1 dir="$PEERS/build-$1" start
+    local -a flags; read -r -a flags <<< "$(flags_for "$kind")"
+    if [ "$kind" = native-noamx ]; then
+        local no_amx="-march=native -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+        flags+=("-DCMAKE_C_FLAGS=$no_amx" "-DCMAKE_CXX_FLAGS=$no_amx")
+    fi
+    start=$(date +%s)
+    cmake -S "$LLAMA" -B "$dir" "${flags[@]}" > "$PEERS/cmake-configure-$kind.log"
+    cmake --build "$dir" --target llama-bench llama-quantize -j "$JOBS" > "$PEERS/cmake-build-$kind.log"
+    test -x "$dir/bin/llama-bench" && test -x "$dir/bin/llama-quantize"
+    write_build_json "$PEERS/build-$kind.json" "$kind" "$(( $(date +%s) - start ))" "$dir" "${flags[@]}"
+}
 
-# 4. The converter's extra requirements (it runs on the venv's torch and transformers).
-"$PY" -m pip install -q -r "$ROOT/requirements-peers.txt"
-
-# 5. BUILD.json: what was built, how, and how long it took.
+# 4. BUILD.json: what was built, how, how long it took, and (for the chosen one) why.
 compiler="$(c++ --version | head -n1)"
-"$PY" - "$PEERS/BUILD.json" "$seconds" "$compiler" "$SDIST_SHA256" "$LLAMA" "$BUILD" "$JOBS" "${FLAGS[@]}" <<'PYEOF'
+write_build_json() {   # $1 file, $2 kind, $3 seconds, $4 build dir, then the cmake flags
+    "$PY" - "$1" "$2" "$3" "$compiler" "$SDIST_SHA256" "$LLAMA" "$4" "$JOBS" "${@:5}" <<'PYEOF'
 import json, os, platform, sys, time
-out, seconds, compiler, sha, llama, build, jobs, *flags = sys.argv[1:]
-info = {"peer": "llama.cpp", "sdist": "llama-cpp-python==0.3.36", "sdist_sha256": sha,
+out, kind, seconds, compiler, sha, llama, build, jobs, *flags = sys.argv[1:]
+info = {"peer": "llama.cpp", "sdist": "llama-cpp-python==0.3.36", "sdist_sha256": sha, "build_kind": kind,
         "source": llama, "build_dir": build, "bin_dir": os.path.join(build, "bin"),
         "convert_script": os.path.join(llama, "convert_hf_to_gguf.py"),
         "gguf_py": os.path.join(llama, "gguf-py"),
@@ -82,4 +105,27 @@ with open(tmp, "w") as fh:
     json.dump(info, fh, indent=1); fh.write("\n")
 os.replace(tmp, out)
 PYEOF
-echo "peers: built llama-bench and llama-quantize in ${seconds} s -> $BUILD/bin (see $PEERS/BUILD.json)"
+}
+
+# 5. Build, smoke-test (llama-bench on the bench's own Q4_0 model), choose; BUILD.json is the chosen build's.
+kind="${PEER_BUILD:-auto}"
+[ "${PEER_AMX:-on}" = off ] && kind=native-noamx
+case "$kind" in auto) tries=(native isa) ;; *) tries=("$kind") ;; esac
+[ "$(uname -m)" = x86_64 ] || tries=(native)
+"$PY" -m pip install -q -r "$ROOT/requirements-peers.txt"
+tried=()
+for k in "${tries[@]}"; do
+    echo "peers: building the $k build …"
+    build "$k"
+    if result=$(cd "$ROOT" && PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m kestrel_lab.bench.peer smoke \
+                "$PEERS/build-$k.json" 2>&1 | tail -n1); then
+        tried+=("$k: $result")
+        "$PY" -m kestrel_lab.bench.peer choose "$PEERS/build-$k.json" "$PEERS/BUILD.json" "${tried[@]}"
+        echo "peers: chose the $k build ($result) -> $PEERS/BUILD.json"
+        exit 0
+    fi
+    tried+=("$k: $result")
+    echo "peers: the $k build does not run here: $result" >&2
+done
+echo "peers: no build ran here: ${tried[*]}" >&2
+exit 1

@@ -52,16 +52,46 @@ def test_parse_tolerates_a_log_line_before_the_json_and_refuses_junk():
 
 def test_a_sigill_on_an_amx_host_names_the_rebuild_without_amx(monkeypatch):
     """Some VMs list amx_int8 while ggml's AMX backend dies of SIGILL in tilezero (seen on this
-    project's Sapphire Rapids VM): the error says so and names `make peers PEER_AMX=off`; on a host
+    project's Sapphire Rapids VM): the error says so and names `make peers PEER_BUILD=isa`; on a host
     without AMX a SIGILL stays a plain failure with the signal's number."""
     dies = ["sh", "-c", "kill -ILL $$"]                     # a real process that dies of SIGILL
     monkeypatch.setattr(peer, "host_features", lambda: frozenset({"x86_64", "avx512_vnni", "amx_int8"}))
-    with pytest.raises(RuntimeError, match=r"SIGILL.*PEER_AMX=off"):
+    with pytest.raises(RuntimeError, match=r"SIGILL.*PEER_BUILD=isa"):
         peer._run(dies)
     monkeypatch.setattr(peer, "host_features", lambda: frozenset({"x86_64", "avx2"}))
     with pytest.raises(RuntimeError, match=r"failed \(-4\)") as e:
         peer._run(dies)
-    assert "PEER_AMX" not in str(e.value)
+    assert "PEER_BUILD" not in str(e.value)
+
+
+def _fake_build(tmp_path, bench_script: str) -> "Path":
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True)
+    for tool, body in (("llama-bench", bench_script), ("llama-quantize", "exit 0")):
+        (bin_dir / tool).write_text("#!/bin/sh\n" + body + "\n")
+        (bin_dir / tool).chmod(0o755)
+    build = tmp_path / "build-native.json"
+    build.write_text(json.dumps({"build_kind": "native", "bin_dir": str(bin_dir), "cmake_flags": ["-DGGML_NATIVE=ON"]}))
+    return build
+
+
+def test_make_peers_smoke_names_the_signal_and_choose_records_what_was_tried(tmp_path, monkeypatch):
+    """`make peers` keeps the native build only when its llama-bench runs on the bench model: a build that dies
+    is reported by signal (then the script tries explicit ISA flags); the chosen BUILD.json lists the tries."""
+    monkeypatch.setattr(peer, "checkpoint", lambda: tmp_path / "ckpt")
+    monkeypatch.setattr(peer, "gguf", lambda ckpt, info, log=print: tmp_path / "model.gguf")
+    dies = _fake_build(tmp_path / "a", "kill -ILL $$")
+    with pytest.raises(RuntimeError, match="died of SIGILL"):
+        peer.smoke(dies)
+    assert peer._main(["smoke", str(dies)]) == 3
+    out = [{"build_commit": "x", "n_prompt": 8, "n_gen": 0, "avg_ts": 100.0, "stddev_ts": 1.0, "samples_ts": [100.0]},
+           {"build_commit": "x", "n_prompt": 0, "n_gen": 4, "avg_ts": 20.0, "stddev_ts": 1.0, "samples_ts": [20.0]}]
+    runs = _fake_build(tmp_path / "b", "cat <<'EOF'\n" + json.dumps(out) + "\nEOF")
+    assert peer.smoke(runs).startswith("ran: decode 20.0 tok/s, prefill 100.0 tok/s")
+    peer.choose(runs, tmp_path / "BUILD.json", ["native: llama-bench died of SIGILL", "isa: ran"])
+    chosen = json.loads((tmp_path / "BUILD.json").read_text())
+    assert chosen["chosen"]["tried"] == ["native: llama-bench died of SIGILL", "isa: ran"]
+    assert chosen["cmake_flags"] == ["-DGGML_NATIVE=ON"]
 
 
 # ------------------------------------------------------------------------------ the maths

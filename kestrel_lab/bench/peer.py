@@ -3,8 +3,9 @@
 What a fair comparison pins, and where this module pins it:
 
 - **the build**: llama.cpp's ``llama-bench`` and ``llama-quantize`` from the vendored source of the pinned
-  ``llama-cpp-python`` sdist, Release, ``GGML_NATIVE=ON``, its CPU repack on, no BLAS
-  (``make peers`` → ``scripts/build-peers.sh``, which writes ``BUILD.json`` into the peers folder);
+  ``llama-cpp-python`` sdist, Release, its CPU repack on, no BLAS, the strongest build that runs here —
+  ``GGML_NATIVE=ON`` when its smoke run works (``smoke``), else explicit ISA flags without AMX (``make peers``
+  → ``scripts/build-peers.sh``, whose chosen ``BUILD.json`` records the flags and every try: ``choose``);
 - **the weights**: one deterministic random checkpoint with Qwen3-0.6B's shapes, written by
   transformers' own ``save_pretrained`` with the workbook's ``tokenizer.json`` beside it (``checkpoint``),
   converted twice: by ``kestrel-lab convert --quant q4_0`` (``vqf``) and by llama.cpp's own
@@ -72,8 +73,13 @@ def find(root: "str | os.PathLike | None" = None) -> dict | None:
     """The peer build's ``BUILD.json`` (with ``llama_bench``/``llama_quantize`` paths added), or None
     when it is missing or its binaries are gone."""
     root = Path(root) if root else peers_dir()
+    return _build_info(root / "BUILD.json", root)
+
+
+def _build_info(build_json: Path, root: Path) -> dict | None:
+    """One build's JSON with the tools' paths added, or None when it or its binaries are missing."""
     try:
-        info = json.loads((root / "BUILD.json").read_text(encoding="utf-8"))
+        info = json.loads(build_json.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     bin_dir = Path(info.get("bin_dir") or root / "build" / "bin")
@@ -278,8 +284,9 @@ def _run(cmd: list[str], env=None) -> str:
     if p.returncode == -signal.SIGILL and "amx_int8" in host_features():
         raise RuntimeError(f"{Path(cmd[0]).name} died of SIGILL (an illegal instruction) on a host whose "
                            "/proc/cpuinfo lists AMX: ggml's AMX backend is compiled in by -march=native and some "
-                           "VMs list AMX they do not fully provide. Rebuild without it: `make peers PEER_AMX=off` "
-                           "(BUILD.json then shows -DGGML_NATIVE=OFF and -mno-amx-*).")
+                           "VMs list AMX they do not fully provide. Rebuild: `make peers` smoke-tests the native "
+                           "build and falls back to explicit ISA flags without AMX (`make peers PEER_BUILD=isa` "
+                           "forces that; BUILD.json then shows -DGGML_NATIVE=OFF and -DGGML_AMX_*=OFF).")
     if p.returncode:
         raise RuntimeError(f"{Path(cmd[0]).name if len(cmd) < 2 or 'python' not in cmd[0] else Path(cmd[1]).name} "
                            f"failed ({p.returncode}):\n{(p.stderr or p.stdout)[-3000:]}")
@@ -488,3 +495,52 @@ def format_table(res: dict) -> str:
     L.append("load average (1/5/15 min) before: " + " / ".join(f"{v:.2f}" for v in m["load_before"])
              + "; after: " + " / ".join(f"{v:.2f}" for v in m["load_after"]))
     return "\n".join(L)
+
+
+# ------------------------------------------------------------------------------ make peers: smoke and choose
+def smoke(build_json: "str | os.PathLike", log=print) -> str:
+    """Run a candidate build's llama-bench once on the bench's own Q4_0 model (8-token prompt, 4 decode steps,
+    1 thread): "ran: …" when it works; raises ``RuntimeError`` naming the signal when the process dies."""
+    build_json = Path(build_json)
+    info = _build_info(build_json, build_json.parent)
+    if info is None:
+        raise RuntimeError(f"{build_json}: no build there (BUILD file or binaries missing)")
+    g = gguf(checkpoint(), info, log=log)
+    p = subprocess.run(llama_bench_cmd(info, g, 1, prompt=8, gen=4, reps=1), capture_output=True, text=True)
+    if p.returncode < 0:
+        raise RuntimeError(f"llama-bench died of {signal.Signals(-p.returncode).name}")
+    if p.returncode:
+        raise RuntimeError(f"llama-bench failed ({p.returncode}): {(p.stderr or p.stdout)[-300:]}")
+    r = parse_llama_bench(p.stdout)
+    return f"ran: decode {r['decode']['tok_s']:.1f} tok/s, prefill {r['prefill']['tok_s']:.1f} tok/s (1 thread, smoke)"
+
+
+def choose(build_json: "str | os.PathLike", out: "str | os.PathLike", tried: list[str]) -> None:
+    """Make the candidate ``build_json`` the peer (``out``, the BUILD.json ``find`` reads), recording every build
+    tried and what its smoke run said."""
+    from kestrel_lab.atomic import write_json
+
+    info = json.loads(Path(build_json).read_text(encoding="utf-8"))
+    info["chosen"] = {"build_kind": info.get("build_kind"), "tried": list(tried),
+                      "rule": "the native build when it runs, else explicit ISA flags from the host without AMX"}
+    write_json(Path(out), info)
+
+
+def _main(argv: list[str]) -> int:
+    if argv[:1] == ["smoke"] and len(argv) == 2:
+        try:
+            print(smoke(argv[1], log=lambda m: print(m, file=sys.stderr)))
+        except RuntimeError as e:
+            print(str(e))
+            return 3
+        return 0
+    if argv[:1] == ["choose"] and len(argv) >= 3:
+        choose(argv[1], argv[2], argv[3:])
+        return 0
+    print("usage: python -m kestrel_lab.bench.peer smoke BUILD.json | choose BUILD.json OUT.json [TRIED …]",
+          file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
