@@ -135,6 +135,47 @@ def timeit(fn: Callable[[], Any], *, repeat: int = 5, warmup: int = 1, number: i
     return Timing(samples)
 
 
+BUSY_LOAD_PER_CPU = 0.5      # a 1-minute load average above half the CPUs: other programs share them
+BUSY_SPREAD = 0.20           # repeats differing by more than this (of their median): the timing was disturbed
+
+
+@dataclass
+class MachineState:
+    """Whether this run's timings were disturbed, computed from the load average and the repeats' spread."""
+
+    load1: float | None
+    cpus: int
+    spread: float | None
+
+    @property
+    def busy(self) -> bool:
+        loaded = self.load1 is not None and self.load1 > BUSY_LOAD_PER_CPU * self.cpus
+        return loaded or (self.spread is not None and self.spread > BUSY_SPREAD)
+
+    def sentence(self) -> str:
+        """The verdict in the book's words, with the numbers it rests on."""
+        load = f"1 分钟平均负载 {self.load1:.1f}（{self.cpus} 个 CPU）" if self.load1 is not None else "负载未知"
+        spread = f"，重复测量的离散 {self.spread:.0%}" if self.spread is not None else ""
+        if self.busy:
+            why = []
+            if self.load1 is not None and self.load1 > BUSY_LOAD_PER_CPU * self.cpus:
+                why.append(f"负载超过 CPU 数的 {BUSY_LOAD_PER_CPU:.0%}")
+            if self.spread is not None and self.spread > BUSY_SPREAD:
+                why.append(f"离散超过 {BUSY_SPREAD:.0%}")
+            return f"{load}{spread}：机器忙（{'、'.join(why)}），别的程序在抢 CPU，计时可能失真"
+        return f"{load}{spread}：机器不忙，这里的差别不是别的程序造成的"
+
+
+def machine_state(*timings: "Timing") -> MachineState:
+    """The load average now and the largest spread of ``timings`` (a ``Timing`` each): is the machine busy?
+    Taught in day07_2."""
+    import os
+
+    load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    spread = max((t.spread for t in timings), default=None)
+    return MachineState(load1, os.cpu_count() or 1, spread)
+
+
 def provenance(runner: str, params: dict | None = None) -> dict:
     """Who measured, when, on what, with which parameters. The machine's fingerprint probes numba's
     threading layer (a cached one-line parallel kernel, when the notebook ran none), so every figure

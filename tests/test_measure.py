@@ -172,3 +172,15 @@ def test_html_groups_rows_by_figure_and_folds_a_long_table(tmp_path):
     h = long._repr_html_()
     assert h.startswith('<details class="kestrel-figures"><summary>') and "</table></details>" in h
     assert "5 个数字，15 行" in h and "<details open" not in h
+
+
+def test_machine_state_is_computed_from_load_and_spread():
+    from kestrel_lab.measure import MachineState, Timing, machine_state
+
+    assert not MachineState(0.2, 2, 0.05).busy and "机器不忙" in MachineState(0.2, 2, 0.05).sentence()
+    loaded = MachineState(3.9, 2, 0.05)
+    assert loaded.busy and "负载 3.9（2 个 CPU）" in loaded.sentence() and "负载超过" in loaded.sentence()
+    noisy = MachineState(0.1, 2, 0.4)
+    assert noisy.busy and "离散超过" in noisy.sentence() and "负载超过" not in noisy.sentence()
+    st = machine_state(Timing([1.0, 1.0, 1.0]), Timing([1.0, 2.0, 1.0]))
+    assert st.spread == 1.0 and st.cpus >= 1
