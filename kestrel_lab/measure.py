@@ -180,11 +180,15 @@ def provenance(runner: str, params: dict | None = None) -> dict:
     """Who measured, when, on what, with which parameters. The machine's fingerprint probes numba's
     threading layer (a cached one-line parallel kernel, when the notebook ran none), so every figure
     says whether it ran on ``omp``; an emulated run (``KESTREL_EMULATED``, set by ``make board-smoke``)
-    says so in ``machine.emulated``. Taught in day28_1."""
+    says so in ``machine.emulated``; ``load_avg`` is the machine's load when the notebook started (a
+    figure measured at load 3 on 2 CPUs is not a quiet figure). Taught in day28_1."""
+    import os
+
     return {
         "runner": runner,
         "date": utc_now(),
         "machine": machine.fingerprint(probe_threading=True),
+        "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,   # 1/5/15 min, at the start
         "parameters": _jsonable(params or {}),
     }
 
