@@ -48,13 +48,15 @@ test-env: $(VENV)/.test-installed
 system-deps:
 	@bash scripts/system-deps.sh
 
-# Execute the notebooks on the embedded defaults (cached: only changed notebooks re-run) and build HTML.
+# Execute the notebooks on the embedded defaults (cached: only changed notebooks re-run; one kernel at a
+# time) and build HTML; then report each notebook's seconds and peak RSS against its budget (60 s, 2 GiB).
 # KESTREL_STUDENT=off: the book's exercise checks never use a student's workspace (book/student.md).
 book: $(VENV)/.ref-installed system-deps
 	$(KL) book sources
 	$(KL) book sweep-cache
 	$(KL) dashboard
 	KESTREL_STUDENT=off $(VENV)/bin/jupyter-book build . --builder html -W -n --keep-going
+	$(KL) book report
 	@echo "book: open _build/html/index.html"
 
 # Everything: the lint (ruff, configured in pyproject.toml), unit tests, the reference comparisons, every

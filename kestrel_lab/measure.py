@@ -32,6 +32,7 @@ from typing import Any, Callable
 from kestrel_lab import machine
 from kestrel_lab.atomic import write_json
 from kestrel_lab.paths import measurements_dir
+from kestrel_lab.procfs import process_usage
 
 SCHEMA = "kestrel-lab/measurements/1"
 NOTEBOOK_ID = re.compile(r"^day(0[1-9]|[12][0-9]|30)_[123]$")
@@ -260,11 +261,13 @@ class Recorder:
         self.figures[name] = Figure(name, None, unit, meaning, "not_measured", reason)
 
     def document(self) -> dict:
+        """The measurements file: the figures, and their provenance with this process's peak RSS and age
+        (``procfs.process_usage``: a notebook's kernel, for the book build's report)."""
         return {
             "schema": SCHEMA,
             "notebook": self.notebook,
             "source": "run",
-            "provenance": provenance(self.runner, self.params),
+            "provenance": {**provenance(self.runner, self.params), "process": process_usage()},
             "figures": [asdict(f) for f in self.figures.values()],
         }
 

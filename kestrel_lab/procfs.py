@@ -94,6 +94,95 @@ class PeakRSS:
         return max(0, self.peak - self.start)
 
 
+def process_usage() -> dict:
+    """This process so far: its peak resident set (``VmHWM``, or the larger peak of a waited-for child),
+    bytes, and the seconds since it started (None where /proc cannot say). A notebook's ``Recorder``
+    saves it, so a book build can report each kernel's peak and time."""
+    own = status_bytes("VmHWM").get("VmHWM") or _ru_maxrss()
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    seconds = None
+    try:
+        with open("/proc/self/stat", encoding="ascii") as fh:
+            start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime", encoding="ascii") as fh:
+            seconds = round(float(fh.read().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK"), 2)
+    except (OSError, ValueError, IndexError):
+        pass
+    return {"peak_rss_bytes": max(own, kids), "seconds": seconds}
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of ``pid`` (``/proc/PID/task/*/children``; empty where unreadable)."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", encoding="ascii") as fh:
+                out += [int(c) for c in fh.read().split()]
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, their children …), not ``pid`` itself."""
+    out, todo = [], children(pid)
+    while todo:
+        c = todo.pop()
+        out.append(c)
+        todo += children(c)
+    return out
+
+
+class TreePeak:
+    """The peak resident memory of the processes below ``root`` (default: this process) while a ``with``
+    block runs — a Jupyter kernel and whatever it starts, as the book build runs a notebook.
+
+    A thread samples every ``interval`` s: each process's ``VmHWM`` (its own exact peak, kept by the
+    kernel) and the sum of their ``VmRSS`` now. ``peak`` is the larger of the biggest single ``VmHWM``
+    and the biggest sum seen, so a lone kernel's peak is exact, and several processes at once are
+    counted together (to within the sampling).
+    """
+
+    def __init__(self, root: int | None = None, interval: float = 0.1, include_root: bool = False):
+        self.root, self.interval, self.include_root = root or os.getpid(), interval, include_root
+        self.hwm: dict[int, int] = {}
+        self.sum_peak = 0
+
+    def sample(self) -> None:
+        pids = descendants(self.root) + ([self.root] if self.include_root else [])
+        total = 0
+        for pid in pids:
+            st = status_bytes("VmHWM", "VmRSS", pid=pid)
+            total += st.get("VmRSS", 0)
+            self.hwm[pid] = max(self.hwm.get(pid, 0), st.get("VmHWM", 0))
+        self.sum_peak = max(self.sum_peak, total)
+
+    @property
+    def peak(self) -> int:
+        return max([self.sum_peak, *self.hwm.values()])
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def __enter__(self) -> "TreePeak":
+        import threading
+
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="TreePeak", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+
 def io_read_bytes() -> int | None:
     """``read_bytes`` of /proc/self/io: bytes this process made the kernel fetch from storage (None where
     the file does not exist). Taught in day22_3."""

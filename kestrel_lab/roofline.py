@@ -8,7 +8,9 @@ ceiling (``decode_ceiling``), re-measured in the same run, never taken from a ta
 Conventions: GB/s and GFLOP/s are decimal (1e9). Read bandwidth counts the bytes of the array summed;
 copy bandwidth counts bytes read plus bytes written (the STREAM convention: the write-allocate reads
 a cache line fetches before it is overwritten are not counted, so copy usually reports less than
-read). Arrays are several times the last-level cache so the figures are DRAM figures. Each figure is
+read). Arrays are several times the last-level cache so the figures are DRAM figures, within an absolute
+cap (``dram_working_set``: a lesson must fit an 8 GB laptop, and says when the cap keeps an array from
+being DRAM-sized on a machine that reports a huge cache). Each figure is
 the median of ``repeat`` timed runs after one untimed warm-up (which also compiles the numba kernels,
 cached on disk with ``cache=True``).
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 import math
 import numbers
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -136,6 +139,82 @@ def last_level_cache_bytes() -> int | None:
             continue
         best = size if best is None else max(best, size)
     return best
+
+
+# A "DRAM-sized" working set: several times the last-level cache, so a kernel reads it from memory,
+# but never more than DRAM_SET_CAP, so every lesson fits an 8 GB laptop. Machines (VMs above all) may
+# report hundreds of MiB of L3: 4× that would be gigabytes per array. A lesson that gets less than it
+# wanted says so (``WorkingSet.note``) and draws no DRAM conclusion it cannot back (``streams``).
+DRAM_SET_CAP = 256 * MiB
+ASSUMED_LLC = 32 * MiB      # when /sys does not say: a generous laptop L3
+STREAM_MULTIPLE = 2         # from 2× the LLC on, a sweep evicts (nearly) everything it read
+
+
+@dataclass(frozen=True)
+class WorkingSet:
+    """The size ``dram_working_set`` chose for one array and why: ``nbytes`` to allocate; ``wanted``
+    (``multiple`` × the LLC, at least ``floor``); ``llc`` as /sys reports it (None: unknown); ``cap``."""
+    nbytes: int
+    wanted: int
+    llc: int | None
+    multiple: float
+    cap: int
+
+    @property
+    def capped(self) -> bool:
+        """True when the cap held the set below what the lesson wanted."""
+        return self.nbytes < self.wanted
+
+    @property
+    def llc_ratio(self) -> float | None:
+        """The set over the reported last-level cache (None when the LLC is unknown)."""
+        return self.nbytes / self.llc if self.llc else None
+
+    @property
+    def streams(self) -> bool | None:
+        """Whether a sweep over the set must come from DRAM: ≥ ``STREAM_MULTIPLE`` × the reported LLC
+        (None when the LLC is unknown)."""
+        return None if not self.llc else self.nbytes >= STREAM_MULTIPLE * self.llc
+
+    def sized(self, nbytes: int) -> "WorkingSet":
+        """The same rule judged on the bytes really allocated (rows rounded, or given by the caller)."""
+        return replace(self, nbytes=int(nbytes))
+
+    def rows(self, row_bytes: int, align: int = 1) -> int:
+        """Rows of ``row_bytes`` that make the set, a multiple of ``align``: rounded up to reach what was
+        wanted, down to stay under the cap."""
+        n = -(-self.nbytes // row_bytes) if not self.capped else self.nbytes // row_bytes
+        n = -(-n // align) * align if not self.capped else n // align * align
+        return max(align, n)
+
+    def note(self, what: str = "工作集", why: str = "好让本篇在 8 GB 内存的笔记本电脑上也跑得动") -> str:
+        """One sentence for the lesson to print: the size against the LLC, whether it was capped (and
+        ``why``), and whether it must stream from memory."""
+        mib = self.nbytes / MiB
+        if not self.llc:
+            return (f"{what} {mib:.0f} MiB；这台机器的 /sys 没有报告末级缓存，按 {ASSUMED_LLC // MiB} MiB 估算，"
+                    f"数据是否从内存来无从确认。")
+        text = f"{what} {mib:.0f} MiB，是本机报告的末级缓存 {self.llc / MiB:.0f} MiB 的 {self.llc_ratio:.2f} 倍"
+        if self.capped:
+            text += (f"（想要 ≥ {self.multiple:g} 倍即 {self.wanted / MiB:.0f} MiB，"
+                     f"封顶 {self.cap / MiB:.0f} MiB，{why}）")
+        if self.streams:
+            return text + "：每遍都要从内存读。"
+        return (text + f"：不到 {STREAM_MULTIPLE} 倍，一部分可能留在缓存里，测到的未必是内存的速度"
+                "（虚拟机报告的缓存常常不是它真有的）。")
+
+
+def dram_working_set(multiple: float = 4, floor: int = 0, cap: int = DRAM_SET_CAP,
+                     llc: int | None = None) -> WorkingSet:
+    """The bytes of one "DRAM-sized" array: ``multiple`` × the last-level cache (``ASSUMED_LLC`` when
+    /sys does not say), at least ``floor``, at most ``cap`` (the cap wins) — the one rule every kernel
+    lesson sizes its big matrices with, so none needs gigabytes where a VM reports a huge L3. ``llc``
+    replaces what /sys says (0: unknown). Taught in day02_3."""
+    _check_positive("multiple", multiple, float)
+    _check_positive("cap", cap)
+    reported = last_level_cache_bytes() if llc is None else (llc or None)
+    wanted = max(int(floor), int(multiple * (reported or ASSUMED_LLC)))
+    return WorkingSet(min(wanted, int(cap)), wanted, reported, float(multiple), int(cap))
 
 
 def _check_positive(name: str, value, kind=int):

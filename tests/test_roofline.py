@@ -213,3 +213,32 @@ def test_int8_dot_peak_reports_consistent_units():
 def test_int8_dot_peak_rejects_bad_arguments(kw, err):
     with pytest.raises(err):
         roofline.int8_dot_peak(repeat=1, seconds=0.001, **kw)
+
+
+def test_dram_working_set_is_a_multiple_of_the_cache_within_the_cap():
+    MiB = roofline.MiB
+    small = roofline.dram_working_set(4, llc=8 * MiB)            # a laptop: 4x its L3, not capped
+    assert small.nbytes == small.wanted == 32 * MiB and not small.capped and small.streams
+    assert small.llc_ratio == 4
+    vm = roofline.dram_working_set(4, llc=480 * MiB)             # a VM that reports 480 MiB: capped
+    assert vm.nbytes == roofline.DRAM_SET_CAP < vm.wanted and vm.capped and vm.streams is False
+    assert "封顶" in vm.note() and "未必" in vm.note()
+    assert roofline.dram_working_set(4, floor=64 * MiB, llc=8 * MiB).nbytes == 64 * MiB
+    assert roofline.dram_working_set(4, floor=10 * roofline.DRAM_SET_CAP, llc=MiB).nbytes == roofline.DRAM_SET_CAP
+    unknown = roofline.dram_working_set(4, llc=0)                # /sys says nothing: the assumed LLC
+    assert unknown.nbytes == 4 * roofline.ASSUMED_LLC and unknown.streams is None and unknown.llc_ratio is None
+    assert "没有报告" in unknown.note()
+    with pytest.raises(ValueError):
+        roofline.dram_working_set(0)
+
+
+def test_working_set_rows_round_towards_the_rule():
+    MiB = roofline.MiB
+    ws = roofline.dram_working_set(4, llc=MiB)                   # wants 4 MiB: rows rounded up to reach it
+    rows = ws.rows(1000, 64)
+    assert rows % 64 == 0 and rows * 1000 >= ws.wanted and (rows - 64) * 1000 < ws.wanted
+    capped = roofline.dram_working_set(4, llc=1024 * MiB, cap=10 * MiB)   # capped: rounded down to stay under
+    rows = capped.rows(1000, 64)
+    assert rows % 64 == 0 and rows * 1000 <= capped.cap and (rows + 64) * 1000 > capped.cap
+    assert capped.sized(rows * 1000).nbytes == rows * 1000 and capped.sized(rows * 1000).capped
+    assert roofline.dram_working_set(1, llc=1, cap=10).rows(1000, 32) == 32    # never fewer than one group

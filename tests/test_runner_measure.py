@@ -149,3 +149,21 @@ def test_a_runner_measured_on_two_machines_names_each_with_its_notebooks():
     two = one + [doc("day29_1", "Intel Xeon")]
     assert dashboard._machines_of(two) == ("x86_64, 2×AMD EPYC, 24 GiB（2 篇：day02_3、day03_1）；"
                                            "x86_64, 2×Intel Xeon, 24 GiB（1 篇：day29_1）")
+
+
+def test_dashboard_shows_rerun_seconds_and_peak_and_flags_what_is_over_budget(data):
+    from kestrel_lab.atomic import write_json
+
+    root = data / "measurements"
+    for nb, quick, secs, peak in (("day06_3", True, 52.3, int(7.77 * 2**30)), ("day25_1", True, 88.2, None),
+                                  ("day01_1", True, 4.0, 300 * 2**20), ("day02_3", False, 95.0, 2**30)):
+        rec = measure.Recorder(nb, "ci-check", params={"quick": quick})
+        rec.record("x", 1, "items", "a figure")
+        doc = rec.document()
+        doc["provenance"]["rerun"] = {"seconds": secs, "peak_rss_bytes": peak}
+        write_json(root / "ci-check" / f"{nb}.json", doc)
+    text = dashboard.render()
+    assert "| day06_3 | 52.3（quick） · 7.77 GiB ❗> 2.00 GiB |" in text
+    assert "| day25_1 | 88.2（quick） ❗> 60 s |" in text               # an older record: no peak, still timed
+    assert "| day01_1 | 4.0（quick） · 0.29 GiB |" in text
+    assert "| day02_3 | 95.0（full） · 1.00 GiB |" in text               # 60 s is the defaults' budget only

@@ -62,6 +62,9 @@ def test_two_notebooks_write_valid_provenance(data, tmp_path, capsys):
     assert prov["machine"]["affinity"] == [0]  # --cpus pinned the kernel
     assert prov["machine"]["numba_env"]["NUMBA_NUM_THREADS"] == "1"
     assert prov["rerun"]["cpus"] == [0] and prov["rerun"]["seconds"] > 0  # added when published
+    # the kernel's peak: the worker's (its process tree, sampled) and the kernel's own (saved with the figures)
+    assert prov["rerun"]["peak_rss_bytes"] > 20 * 2**20 and prov["process"]["peak_rss_bytes"] > 20 * 2**20
+    assert rows["day01_1"][3] == "GiB"   # the summary's peak RSS column: "<n> GiB"
     figs = {f["name"]: f for f in doc["figures"]}
     assert figs["scaled"]["value"] == 21  # -p scale 3 reached the notebook
     assert figs["board_only"]["status"] == "not_measured"

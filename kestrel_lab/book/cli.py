@@ -1,4 +1,4 @@
-"""The book's commands: ``book sources | links | sweep-cache``, ``measurements``, ``runner-info``, and the
+"""The book's commands: ``book sources | links | sweep-cache | report``, ``measurements``, ``runner-info``, and the
 board re-run loop — ``rerun``, ``import-measurements``, ``export-measurements`` and ``dashboard``.
 
 Taught in day28_1 (the book's sources). The lessons on re-runs and the dashboard call those modules directly.
@@ -14,21 +14,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add the book's commands to ``kestrel-lab``. Taught in day28_1."""
     from kestrel_lab.book.rerun import DEFAULT_TIMEOUT_S
 
-    book = sub.add_parser("book", help="generate the book's table of contents and syllabus page")
-    book_sub = book.add_subparsers(dest="book_command", metavar="ACTION", required=True)
-    src = book_sub.add_parser("sources", help="regenerate _toc.yml, book/syllabus.md and the generated "
-                                                 "tables of book/contributing.md and book/student.md")
-    src.add_argument("--check", action="store_true", help="fail if they are out of date instead")
-    src.set_defaults(func=_book_sources)
-    links = book_sub.add_parser("links", help="check (or --fix) every mention of another part: a link, "
-                                                "or 「计划中」 when the part is not written")
-    links.add_argument("pages", nargs="*", help="notebooks or book pages (default: all prose pages)")
-    links.add_argument("--fix", action="store_true", help="rewrite bare mentions in place")
-    links.set_defaults(func=_book_links)
-    sweep = book_sub.add_parser("sweep-cache", help="drop cached outputs of notebooks whose package or "
-                                                     "data inputs changed (run before jupyter-book build)")
-    sweep.add_argument("--cache", default="_build/.jupyter_cache", help="jupyter-cache folder")
-    sweep.set_defaults(func=_book_sweep_cache)
+    _register_book(sub)
 
     meas = sub.add_parser("measurements", help="show a notebook's measured figures across runners")
     meas.add_argument("notebook", help="notebook id, e.g. day02_3")
@@ -56,7 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     rr.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                     help=f"seconds a notebook may run (default {DEFAULT_TIMEOUT_S})")
     rr.add_argument("--jobs", type=int, default=1,
-                    help="notebooks at a time (default 1: measurements want a quiet machine)")
+                    help="notebooks at a time (default 1: measurements want a quiet machine, and each "
+                         "notebook may hold up to 2 GiB)")
     rr.add_argument("--cpus", help="pin the notebooks to these CPUs: big (the fastest cluster: an RK3588's A76), "
                                    "little, all, or a list such as 4-7; sets NUMBA_NUM_THREADS to their count")
     rr.add_argument("--keep-going", action="store_true", help="run the other notebooks after a failure")
@@ -88,6 +75,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     db.add_argument("--include-local", action="store_true",
                     help="also show data/measurements/local/ (machine-specific, not committed)")
     db.set_defaults(func=_dashboard)
+
+
+def _register_book(sub: argparse._SubParsersAction) -> None:
+    """``kestrel-lab book sources | links | sweep-cache | report``."""
+    book = sub.add_parser("book", help="generate the book's table of contents and syllabus page")
+    book_sub = book.add_subparsers(dest="book_command", metavar="ACTION", required=True)
+    src = book_sub.add_parser("sources", help="regenerate _toc.yml, book/syllabus.md and the generated "
+                                                 "tables of book/contributing.md and book/student.md")
+    src.add_argument("--check", action="store_true", help="fail if they are out of date instead")
+    src.set_defaults(func=_book_sources)
+    links = book_sub.add_parser("links", help="check (or --fix) every mention of another part: a link, "
+                                                "or 「计划中」 when the part is not written")
+    links.add_argument("pages", nargs="*", help="notebooks or book pages (default: all prose pages)")
+    links.add_argument("--fix", action="store_true", help="rewrite bare mentions in place")
+    links.set_defaults(func=_book_links)
+    sweep = book_sub.add_parser("sweep-cache", help="drop cached outputs of notebooks whose package or "
+                                                     "data inputs changed (run before jupyter-book build)")
+    sweep.add_argument("--cache", default="_build/.jupyter_cache", help="jupyter-cache folder")
+    sweep.set_defaults(func=_book_sweep_cache)
+    rep = book_sub.add_parser("report", help="after a build: each notebook's seconds and peak RSS, flagged "
+                                               "over 60 s or 2 GiB (run by `make book`)")
+    rep.add_argument("--cache", default="_build/.jupyter_cache", help="jupyter-cache folder")
+    rep.set_defaults(func=_book_report)
 
 
 def _book_sources(args) -> int:
@@ -134,6 +144,15 @@ def _book_sweep_cache(args) -> int:
     for nb in dropped:
         print(f"inputs changed, will re-run: {nb.relative_to(REPO_ROOT)}")
     print(f"book cache: {len(dropped)} of {len(notebooks)} notebooks to re-run because their inputs changed")
+    return 0
+
+
+def _book_report(args) -> int:
+    from kestrel_lab.book.report import build_report
+    from kestrel_lab.paths import REPO_ROOT
+
+    cache = Path(args.cache) if Path(args.cache).is_absolute() else REPO_ROOT / args.cache
+    print(build_report(REPO_ROOT, cache))
     return 0
 
 

@@ -253,23 +253,40 @@ def _rate_plot_section(docs: list[dict]) -> list[str]:
                   "", "```{raw} html", svg.strip(), "```", ""]
 
 
+def _rerun_cell(doc: dict) -> str:
+    """One notebook on one runner: seconds and mode, the peak RSS when recorded, and ❗ with what ran over
+    budget (``summary.over_budget``: 60 s on the defaults, 2 GiB)."""
+    from kestrel_lab.book.summary import gib, over_budget
+
+    info = doc["provenance"]["rerun"]
+    quick = (doc["provenance"].get("parameters") or {}).get("quick", True) is not False
+    peak = info.get("peak_rss_bytes")
+    text = f"{info['seconds']:.1f}（{'quick' if quick else 'full'}）" + (f" · {gib(peak)}" if peak else "")
+    over = over_budget(info["seconds"], peak, quick)
+    return text + (f" ❗{'，'.join(over)}" if over else "")
+
+
 def _rerun_seconds_section(docs: list[dict]) -> list[str]:
-    """「重跑耗时」: each notebook's seconds per runner as ``kestrel-lab rerun`` recorded them (not emulated)."""
+    """「重跑耗时」: each notebook's seconds and peak RSS per runner as ``kestrel-lab rerun`` recorded them
+    (not emulated), flagged where over budget."""
+    from kestrel_lab.book.summary import PEAK_RSS_BUDGET, SECONDS_BUDGET, gib
+
     timed = [d for d in docs if (d["provenance"].get("rerun") or {}).get("seconds") is not None
              and not measure.is_emulated(d)]
     if not timed:
         return []
     t_runners = runner_order(timed)
     nbs = sorted({d["notebook"] for d in timed})
+    cells = {(d["notebook"], d["provenance"]["runner"]): _rerun_cell(d) for d in timed}
     secs = {(d["notebook"], d["provenance"]["runner"]): d["provenance"]["rerun"]["seconds"] for d in timed}
-    modes = {(d["notebook"], d["provenance"]["runner"]):
-             "quick" if (d["provenance"].get("parameters") or {}).get("quick", True) else "full" for d in timed}
-    rows = [[nb, *[f"{secs[(nb, r)]:.1f}（{modes[(nb, r)]}）" if (nb, r) in secs else "—" for r in t_runners]]
-            for nb in nbs]
+    rows = [[nb, *[cells.get((nb, r), "—") for r in t_runners]] for nb in nbs]
     rows.append(["合计", *[f"{sum(v for (n, rr), v in secs.items() if rr == r):.0f}" for r in t_runners]])
     out = ["## 重跑耗时", "",
-           "`kestrel-lab rerun` 发布数字时，把这篇笔记本的执行秒数（含内核启动、导入与 numba 编译）记进来历的 "
-           "`rerun` 字段。括号里是模式：quick 是默认参数，full 是 `-p quick false`。", ""]
+           "`kestrel-lab rerun` 发布数字时，把这篇笔记本的执行秒数（含内核启动、导入与 numba 编译）和峰值常驻内存"
+           "（内核和它启动的子进程合计，`procfs.TreePeak`；较早的记录没有这一项）记进来历的 `rerun` 字段。"
+           "括号里是模式：quick 是默认参数，full 是 `-p quick false`。"
+           f"每篇的预算是默认参数下不超过 {SECONDS_BUDGET} s、峰值不超过 {gib(PEAK_RSS_BUDGET)}"
+           "（学生在 8 GB 内存的笔记本电脑上构建这本书）；超出的标 ❗ 并写明超了哪一项。", ""]
     return out + _md_table(["notebook", *t_runners], rows) + [""]
 
 

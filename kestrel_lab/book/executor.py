@@ -50,10 +50,10 @@ def publish(staged: Path, runner: str, notebook: str, root: Path | None = None,
     """Validate a staged measurements file and write it atomically to ``<root>/<runner>/<notebook>.json``.
 
     Refuses a file that claims another runner or notebook: the runner writes only its own label.
-    ``rerun_info`` (seconds, run folder, pinning) is added to the provenance as ``rerun``, so the book
-    can say how long each notebook took on each runner. ``allow_dirty`` (``--allow-dirty``) is written
-    into the provenance as ``allow_dirty: true``, so a figure published from a dirty tree says it was
-    published so on purpose. Taught in day28_2.
+    ``rerun_info`` (seconds, peak RSS, run folder, pinning) is added to the provenance as ``rerun``, so
+    the book can say how long each notebook took on each runner and how much memory it needed.
+    ``allow_dirty`` (``--allow-dirty``) is written into the provenance as ``allow_dirty: true``, so a
+    figure published from a dirty tree says it was published so on purpose. Taught in day28_2.
     """
     doc = measure.load_file(staged)
     if doc["provenance"]["runner"] != runner:
@@ -118,9 +118,10 @@ class Executor:
             return Result(notebook, "interrupted", 0.0, error="stopped by Ctrl-C")
         proc, status, error = self._wait_for_worker(spec_file, log, env)
         seconds = time.monotonic() - t0
+        peak = None
         if status is None:
-            status, error = self._outcome(proc, result_file, log)
-        result = Result(notebook, status, round(seconds, 1), error=error,
+            status, error, peak = self._outcome(proc, result_file, log)
+        result = Result(notebook, status, round(seconds, 1), peak_rss_bytes=peak, error=error,
                         output=out.name if out.exists() else None,
                         finished=utc_now())
         if status == OK:
@@ -173,16 +174,17 @@ class Executor:
                     self.procs.discard(proc)
         return proc, status, error
 
-    def _outcome(self, proc: subprocess.Popen, result_file: Path, log: Path) -> tuple[str, str | None]:
-        """The status and error of a worker that ended in time: interrupted by Ctrl-C, what it wrote into
-        ``result_file``, or crashed when it wrote nothing readable."""
+    def _outcome(self, proc: subprocess.Popen, result_file: Path,
+                 log: Path) -> tuple[str, str | None, int | None]:
+        """The status, error and kernel's peak RSS of a worker that ended in time: interrupted by Ctrl-C,
+        what it wrote into ``result_file``, or crashed when it wrote nothing readable."""
         if self.stopping:
-            return "interrupted", "stopped by Ctrl-C"
+            return "interrupted", "stopped by Ctrl-C", None
         try:
             res = json.loads(result_file.read_text(encoding="utf-8"))
-            return res["status"], res.get("error")
+            return res["status"], res.get("error"), res.get("peak_rss_bytes")
         except (OSError, ValueError, KeyError):
-            return "crashed", f"worker exited with code {proc.returncode} without a result; see {log.name}"
+            return "crashed", f"worker exited with code {proc.returncode} without a result; see {log.name}", None
 
     def _publish_figures(self, result: Result, notebook: str, stage: Path) -> None:
         """After a notebook ran through: publish the figures it staged (unless the tree became dirty), and
@@ -196,7 +198,8 @@ class Executor:
         elif staged.exists():
             try:
                 doc = measure.load_file(staged)
-                info = {"seconds": result.seconds, "run": self.folder.path.name, "timeout": self.timeout,
+                info = {"seconds": result.seconds, "peak_rss_bytes": result.peak_rss_bytes,
+                        "run": self.folder.path.name, "timeout": self.timeout,
                         "cpus": self.cpus, "jobs": self.folder.state.get("jobs", 1)}
                 if self.allow_dirty:
                     info["allow_dirty"] = True

@@ -27,8 +27,9 @@ Why the pieces look the way they do:
   ``--force``.
 
 The pieces: ``selection`` (what to run), ``runs`` (the run folder and its ``run.json``), ``executor``
-(the worker processes and publishing), ``worker`` (papermill inside a worker), ``summary`` (the final
-table) and ``archive`` (moving figures between machines). This module is the loop that ties them.
+(the worker processes and publishing), ``worker`` (papermill inside a worker, and the kernel's peak
+memory), ``summary`` (the final table, with each notebook's seconds and peak RSS against its budget) and
+``archive`` (moving figures between machines). This module is the loop that ties them.
 
 Taught in day28_2.
 """
@@ -43,7 +44,7 @@ from kestrel_lab import machine, measure
 from kestrel_lab.book.executor import Executor, dirty_refusal, interrupt_on_term
 from kestrel_lab.book.runs import OK, STATE_FILE, Result, RunFolder
 from kestrel_lab.book.selection import RunnerError, declared_parameters
-from kestrel_lab.book.summary import figures_cell, summary_table
+from kestrel_lab.book.summary import figures_cell, gib, summary_table
 from kestrel_lab.measure import utc_now
 from kestrel_lab.paths import REPO_ROOT
 
@@ -89,7 +90,7 @@ def rerun(runner: str, notebooks: dict[str, Path], *, params: dict | None = None
                    measurements_root=measurements_root, kernel=kernel, allow_dirty=allow_dirty, repo=repo)
     interrupted = _execute(ex, folder, notebooks, todo, results, jobs=jobs, keep_going=keep_going, out=out)
     ordered = _finish(folder, notebooks, results, interrupted)
-    print(summary_table(ordered, runner), file=out)
+    print(summary_table(ordered, runner, quick=params.get("quick", True) is not False), file=out)
     if interrupted:
         raise KeyboardInterrupt
     return ordered, folder
@@ -172,6 +173,7 @@ def _execute(ex: Executor, folder: RunFolder, notebooks: dict[str, Path], todo: 
                     folder.record(res)
                     n_done += 1
                     print(f"  [{n_done}/{len(todo)}] {nb} {res.status} in {res.seconds:.1f} s"
+                          + (f", peak {gib(res.peak_rss_bytes)}" if res.peak_rss_bytes is not None else "")
                           + (f", {figures_cell(res)} figures" if res.figures is not None else "")
                           + (f": {res.error}" if res.error else ""), file=out, flush=True)
                     if res.status != OK:

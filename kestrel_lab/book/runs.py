@@ -26,6 +26,7 @@ class Result:
     notebook: str
     status: str  # ok, failed, timeout, crashed, interrupted, not run
     seconds: float | None = None
+    peak_rss_bytes: int | None = None  # the kernel's and its children's peak resident memory (procfs.TreePeak)
     figures: int | None = None  # measured figures published
     not_measured: int = 0
     error: str | None = None

@@ -2,7 +2,8 @@
 
 ``python -m kestrel_lab.book.worker --worker SPEC.json`` is started by ``executor.Executor`` for each
 notebook; it never raises: whatever happens ends as a result file (``ok``, ``failed``, ``timeout``,
-``crashed``) that the executor reads. Taught in day28_2.
+``crashed``) that the executor reads, with the peak resident memory of the kernel and what it started
+(``procfs.TreePeak``: a lesson must fit a student's 8 GB laptop). Taught in day28_2.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from kestrel_lab.atomic import atomic_write, write_json
 from kestrel_lab.book.runs import OK
+from kestrel_lab.procfs import TreePeak
 
 
 def run_worker(spec_file: str) -> int:
@@ -26,6 +28,7 @@ def run_worker(spec_file: str) -> int:
     """
     spec = json.loads(Path(spec_file).read_text(encoding="utf-8"))
     result = {"status": "crashed", "error": None}
+    tree = TreePeak()   # the kernel is this worker's child: its peak, and its children's, while it runs
     import logging
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # papermill logs each cell's output
@@ -45,9 +48,10 @@ def run_worker(spec_file: str) -> int:
             return max(1, math.ceil(deadline - time.monotonic()))
 
         try:
-            papermill.execute_notebook(spec["input"], spec["output"], parameters=spec["parameters"],
-                                       kernel_name=spec["kernel"], cwd=spec["cwd"], progress_bar=False,
-                                       log_output=True, timeout_func=cell_timeout)
+            with tree:
+                papermill.execute_notebook(spec["input"], spec["output"], parameters=spec["parameters"],
+                                           kernel_name=spec["kernel"], cwd=spec["cwd"], progress_bar=False,
+                                           log_output=True, timeout_func=cell_timeout)
             result = {"status": OK, "error": None}
         except papermill.PapermillExecutionError as e:
             result = {"status": "failed", "error": f"cell {e.cell_index} (In [{e.exec_count}]): {e.ename}: "
@@ -63,6 +67,7 @@ def run_worker(spec_file: str) -> int:
     finally:
         with contextlib.suppress(Exception):
             _hide_injected_cell(Path(spec["output"]))
+        result["peak_rss_bytes"] = tree.peak or None
         write_json(spec["result"], result)
     return 0
 
