@@ -167,13 +167,13 @@ class MachineState:
         return f"{load}{spread}：机器不忙，这里的差别不是别的程序造成的"
 
 
-def machine_state(*timings: "Timing") -> MachineState:
-    """The load average now and the largest spread of ``timings`` (a ``Timing`` each): is the machine busy?
-    Taught in day07_2."""
+def machine_state(*timings: "Timing | float") -> MachineState:
+    """The load average now and the largest spread of ``timings`` (each a ``Timing`` or a spread already
+    computed): is the machine busy? Taught in day07_2."""
     import os
 
     load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    spread = max((t.spread for t in timings), default=None)
+    spread = max((t.spread if isinstance(t, Timing) else float(t) for t in timings), default=None)
     return MachineState(load1, os.cpu_count() or 1, spread)
 
 
