@@ -106,20 +106,35 @@ class Part:
         return self.nbytes / self.seconds / 1e9 if self.seconds > 0 else float("nan")
 
 
-def _median_time(fn, repeat: int) -> float:
-    fn()                                       # warm: compiled, caches filled
+def _median_time(fn, repeat: int, evict=None) -> float:
+    """Median seconds of ``fn`` after a warm-up; ``evict`` (a callable) runs before each timed call, so the
+    part's bytes come from memory as they do inside the whole step, not from a cache the previous call warmed."""
+    fn()                                       # warm: compiled
     ts = []
     for _ in range(repeat):
+        if evict is not None:
+            evict()
         t0 = time.perf_counter()
         fn()
         ts.append(time.perf_counter() - t0)
     return float(np.median(ts))
 
 
-def decode_parts(eng, repeat: int = 15) -> dict:
+def evictor(nbytes: int):
+    """A callable that reads ``nbytes`` of its own (all threads), pushing what came before out of the caches."""
+    from kestrel_lab import roofline
+
+    buf = np.ones(nbytes // 4, np.float32)
+    chunks = roofline._n_chunks(nbytes, 8)
+    return lambda: roofline._sum_chunks(buf, chunks)
+
+
+def decode_parts(eng, repeat: int = 15, evict_bytes: int = 0) -> dict:
     """The table for ``eng`` (a Qwen3Engine on row-grouped Q4_0 planes) at its current position (at least one
     token already in the cache): {"parts": [Part], "step_s": the whole step as ``decode`` runs it, "sum_s": the
-    parts added up, "layout": the variant}. The cache and position are left as they were."""
+    parts added up, "layout": the variant}. ``evict_bytes``: read that many bytes before each timed call (see
+    ``_median_time``; 0 = no eviction: a part's weights may then come from the cache). The cache and position
+    are left as they were."""
     from kestrel_lab.kernels.linear import Activation
     from kestrel_lab.threads import numba_threads
 
@@ -157,7 +172,8 @@ def decode_parts(eng, repeat: int = 15) -> dict:
                                                         k.reshape(1, KVH, D), cos, sin, y, *bufs, xi),
             "lm head": lambda: eng.lm_head(Activation(x)),
         }
-        secs = {name: _median_time(fn, repeat) for name, fn in runs.items()}
+        ev = evictor(evict_bytes) if evict_bytes else None
+        secs = {name: _median_time(fn, repeat, ev) for name, fn in runs.items()}
     step = _median_time(lambda: (eng.truncate(pos - 1), eng.decode(0)), repeat)
     eng.truncate(pos)
     kv = 2 * L * pos * KVH * D * eng.cache.k.itemsize
@@ -167,10 +183,10 @@ def decode_parts(eng, repeat: int = 15) -> dict:
               "lm head": eng.lm_head.nbytes}
     parts = [Part(name, secs[name], int(nbytes[name])) for name in runs]
     return {"parts": parts, "step_s": step, "sum_s": sum(p.seconds for p in parts), "layout": kind,
-            "threads": eng.threads, "pos": pos}
+            "threads": eng.threads, "pos": pos, "evict_bytes": int(evict_bytes)}
 
 
-def profile_file(path, threads: int, prompt_len: int = 64, repeat: int = 15) -> dict:
+def profile_file(path, threads: int, prompt_len: int = 64, repeat: int = 15, evict_bytes: int = 512 << 20) -> dict:
     """``decode_parts`` of the model at ``path`` with ``threads`` threads after a ``prompt_len``-token prompt (the
     bench's), as plain data: {"parts": [{"name", "seconds", "bytes"}], "step_s", "sum_s", "layout", …}."""
     from kestrel_lab.bench.speed import prompt_ids
@@ -178,7 +194,7 @@ def profile_file(path, threads: int, prompt_len: int = 64, repeat: int = 15) -> 
 
     eng = Qwen3Engine.from_vqf(path, max_context=prompt_len + 8, threads=threads)
     eng.prefill(prompt_ids(eng.config.vocab_size, prompt_len))
-    prof = decode_parts(eng, repeat)
+    prof = decode_parts(eng, repeat, evict_bytes)
     prof["parts"] = [{"name": p.name, "seconds": p.seconds, "bytes": p.nbytes} for p in prof["parts"]]
     return prof
 
@@ -188,7 +204,10 @@ def format_parts(prof: dict, read_gbs: float | None = None) -> str:
     parts = [p if isinstance(p, Part) else Part(p["name"], p["seconds"], p["bytes"]) for p in prof["parts"]]
     step = prof["step_s"]
     bw = f"{'% of bw':>9}" if read_gbs else ""
-    lines = [f"decode step by parts ({prof['layout']}, {prof['threads']} thread(s), position {prof['pos']}):",
+    ev = prof.get("evict_bytes") or 0
+    how = (f"caches flushed with {ev >> 20} MiB before each part" if ev
+           else "parts timed warm (their weights may sit in cache)")
+    lines = [f"decode step by parts ({prof['layout']}, {prof['threads']} thread(s), position {prof['pos']}, {how}):",
              f"  {'part':<20}{'ms':>8}{'share':>8}{'MB read':>10}{'GB/s':>8}{bw}"]
     for p in sorted(parts, key=lambda p: -p.seconds):
         pct = f"{100 * p.gbs / read_gbs:>8.0f}%" if read_gbs else ""
