@@ -79,7 +79,10 @@ import math
 
 import numba
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from kestrel_lab.quant import half_bits_to_f32
 
@@ -95,6 +98,25 @@ F16_TO_F32 = half_bits_to_f32(np.arange(65536, dtype=np.uint16))
 def n_chunks(rows: int, per_thread: int = 4) -> int:
     """How many work units to cut ``rows`` into: a few per numba thread. Taught in day07_2."""
     return max(1, min(rows, numba.get_num_threads() * per_thread))
+
+
+@intrinsic
+def prefetch(typingctx, arr, off):
+    """Prefetch (into every cache level, ``llvm.prefetch`` read / locality 3: ``prefetcht0``, ``prfm pldl1keep``)
+    the line holding element ``off`` of ``arr``. No bounds check: a prefetch never faults, and a streaming
+    kernel asks for data a little past where it is reading (``v16._prefetch_ahead``)."""
+    if not (isinstance(arr, types.Array) and isinstance(off, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        a, o = args
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        ptr = builder.bitcast(builder.gep(context.make_array(sig.args[0])(context, builder, a).data, [o]), i8p)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                                            "llvm.prefetch.p0")
+        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+    return types.void(arr, off), codegen
 
 
 # ================================================================================ scalar helpers
