@@ -13,7 +13,9 @@
 #   PY                 the venv's python (default .venv/bin/python); requirements-peers.txt goes there
 #   JOBS               make -j (default 2)
 #   PEER_BUILD         auto (default): native, then isa if native dies; native; isa; native-noamx
-#                      (-march=native without AMX: the older fallback, for comparison)
+#                      (-march=native without AMX: the older fallback, for comparison); avx2 (AVX2 and FMA
+#                      only: the same-ISA comparison of day29_1, beside the engine forced onto its AVX2
+#                      kernels; build it into its own KESTREL_PEERS_DIR)
 #   PEER_AMX=off       the same as PEER_BUILD=native-noamx (kept for old notes)
 set -euo pipefail
 
@@ -70,7 +72,12 @@ flags_for() {   # the cmake flags of one build kind
         isa) [ "$(uname -m)" = x86_64 ] || { echo "peers: PEER_BUILD=isa is for x86-64 hosts" >&2; return 2; }
              echo "${COMMON[*]} $(isa_flags)" ;;
         native-noamx) echo "${COMMON[*]} -DGGML_NATIVE=OFF" ;;   # -march=native comes through CMAKE_*_FLAGS
-        *) echo "peers: PEER_BUILD is '$1'; it takes auto, native, isa or native-noamx" >&2; return 2 ;;
+        avx2) [ "$(uname -m)" = x86_64 ] || { echo "peers: PEER_BUILD=avx2 is for x86-64 hosts" >&2; return 2; }
+              echo "${COMMON[*]} -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" \
+                   "-DGGML_BMI2=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF" \
+                   "-DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF" \
+                   "-DGGML_AMX_BF16=OFF" ;;
+        *) echo "peers: PEER_BUILD is '$1'; it takes auto, native, isa, avx2 or native-noamx" >&2; return 2 ;;
     esac
 }
 build() {   # build kind $1 into $PEERS/build-$1; prints the seconds it took

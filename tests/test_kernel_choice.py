@@ -82,3 +82,16 @@ def test_the_registry_follows_the_choice(monkeypatch):
     monkeypatch.setattr(choice, "current", lambda features=None: r32)
     assert registry.q4_load_layout() == "Q4_0_R32"
     assert registry.q4_load_layout(frozenset({"aarch64", "dotprod"})) == "Q4_0_R32"
+
+
+def test_a_variant_can_be_forced_by_name(monkeypatch):
+    """KESTREL_KERNEL_CHOICE=<variant> picks that variant (same-ISA comparisons); one the host cannot run: refused."""
+    from kestrel_lab.kernels import choice, variants
+
+    feats = frozenset({"x86_64", "avx2", "avx512f", "avx512_vnni"})
+    monkeypatch.setenv(choice.ENV, "v16_avx2")
+    c = choice.choose(feats, timer=lambda cands: pytest.fail("a forced variant is not measured"), store=False)
+    assert c.variant is variants.of("v16_avx2") and c.how == "forced" and c.default == "v16_vnni"
+    monkeypatch.setenv(choice.ENV, "v16_vnni")
+    with pytest.raises(ValueError, match="cannot run"):
+        choice.choose(frozenset({"x86_64", "avx2"}), store=False)

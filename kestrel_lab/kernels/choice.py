@@ -8,8 +8,9 @@ are), all threads — and the fastest is used when it is **clearly** faster than
 choice: its median at least ``MARGIN`` below, and every one of its runs faster than every run of the default
 (noise keeps the default). The choice and its timings are cached in ``kestrel_lab.paths.cache_dir()`` under
 the machine's identity (CPU model, the features the registry selects by, the CPU count, numba's version and
-the variant table), so another CPU measures again; ``KESTREL_Q4_LAYOUT`` still forces a layout and
-``KESTREL_KERNEL_CHOICE=isa`` turns the measuring off. ``report()`` says what was measured and why.
+the variant table), so another CPU measures again; ``KESTREL_Q4_LAYOUT`` still forces a layout,
+``KESTREL_KERNEL_CHOICE=isa`` turns the measuring off and ``KESTREL_KERNEL_CHOICE=<variant>`` (e.g. ``v16_avx2``)
+forces one variant. ``report()`` says what was measured and why.
 Taught in day07_3.
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ from kestrel_lab.kernels import variants
 from kestrel_lab.kernels.host import host_features
 from kestrel_lab.paths import cache_dir
 
-ENV = "KESTREL_KERNEL_CHOICE"        # "isa": the ladder only; anything else (default "measure"): measure
+ENV = "KESTREL_KERNEL_CHOICE"        # "isa": the ladder only; a variant's name: that one; else (default): measure
 MARGIN = 0.10                        # the winner's median must be this much below the default's
 REPEATS = 7
 ROWS, COLS = 3 * 8192 * 2, 1024      # 49,152 × 1,024 Q4_0 = 27 MiB: beyond L2, a decode step's kind of read
@@ -148,8 +149,14 @@ def choose(features: frozenset[str] | None = None, *, timer=measure, store: bool
     feats = host_features() if features is None else features
     default = ladder(feats)
     ident = identity(feats)
-    if os.environ.get(ENV, "").strip().lower() == "isa":
+    forced = os.environ.get(ENV, "").strip().lower()
+    if forced == "isa":
         return Choice(default, "isa", default.name, reason=f"{ENV}=isa: the ISA list's pick", identity=ident)
+    if forced in variants.BY_NAME:        # one variant by name, e.g. v16_avx2 for a same-ISA comparison
+        v = variants.of(forced)
+        if v not in variants.supported(feats):
+            raise ValueError(f"{ENV}={forced}: this host cannot run it (it needs {v.isa})")
+        return Choice(v, "forced", default.name, reason=f"{ENV}={forced}", identity=ident)
     path = cache_dir() / FILE
     doc, key = _load(path), key_of(ident)
     entry = doc.get(key)
