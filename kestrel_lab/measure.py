@@ -32,7 +32,7 @@ from typing import Any, Callable
 from kestrel_lab import machine
 from kestrel_lab.atomic import write_json
 from kestrel_lab.paths import measurements_dir
-from kestrel_lab.procfs import process_usage
+from kestrel_lab.procfs import load_average, process_usage
 
 SCHEMA = "kestrel-lab/measurements/1"
 NOTEBOOK_ID = re.compile(r"^day(0[1-9]|[12][0-9]|30)_[123]$")
@@ -167,29 +167,36 @@ class MachineState:
         return f"{load}{spread}：机器不忙，这里的差别不是别的程序造成的"
 
 
-def machine_state(*timings: "Timing | float") -> MachineState:
-    """The load average now and the largest spread of ``timings`` (each a ``Timing`` or a spread already
-    computed): is the machine busy? Taught in day07_2."""
-    import os
+_NOW = object()
 
-    load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
+def machine_state(*timings: "Timing | float", load1: "float | None | object" = _NOW) -> MachineState:
+    """The 1-minute load average and the largest spread of ``timings`` (each a ``Timing`` or a spread
+    already computed): is the machine busy? ``load1`` defaults to the load now (``procfs.load_average``);
+    pass the load a measurement started at (``Recorder.load_at_start``) to judge the machine without the
+    notebook's own minute of work in it. Taught in day07_2.
+    """
+    if load1 is _NOW:
+        now = load_average()
+        load1 = now[0] if now else None
     spread = max((t.spread if isinstance(t, Timing) else float(t) for t in timings), default=None)
     return MachineState(load1, os.cpu_count() or 1, spread)
 
 
-def provenance(runner: str, params: dict | None = None) -> dict:
+def provenance(runner: str, params: dict | None = None, load_avg: "tuple | list | None | object" = _NOW) -> dict:
     """Who measured, when, on what, with which parameters. The machine's fingerprint probes numba's
     threading layer (a cached one-line parallel kernel, when the notebook ran none), so every figure
     says whether it ran on ``omp``; an emulated run (``KESTREL_EMULATED``, set by ``make board-smoke``)
     says so in ``machine.emulated``; ``load_avg`` is the machine's load when the notebook started (a
-    figure measured at load 3 on 2 CPUs is not a quiet figure). Taught in day28_1."""
-    import os
-
+    figure measured at load 3 on 2 CPUs is not a quiet figure; a ``Recorder`` passes the load it saw when
+    it was created, the default is the load now). Taught in day28_1."""
+    if load_avg is _NOW:
+        load_avg = load_average()
     return {
         "runner": runner,
         "date": utc_now(),
         "machine": machine.fingerprint(probe_threading=True),
-        "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,   # 1/5/15 min, at the start
+        "load_avg": list(load_avg) if load_avg else None,   # 1/5/15 min, at the start
         "parameters": _jsonable(params or {}),
     }
 
@@ -240,6 +247,9 @@ class Recorder:
         self.runner = check_runner(runner)
         self.params = dict(params or {})
         self.figures: dict[str, Figure] = {}
+        # The notebook starts with its Recorder: the load then is other programs' (and what the run
+        # before it left), not this notebook's own minute of work, which the load at save() would include.
+        self.load_at_start = load_average()
 
     def record(self, name: str, value, unit: str, meaning: str, **extra):
         """Record a measured figure and return its value (so it can be used inline)."""
@@ -267,7 +277,7 @@ class Recorder:
             "schema": SCHEMA,
             "notebook": self.notebook,
             "source": "run",
-            "provenance": {**provenance(self.runner, self.params), "process": process_usage()},
+            "provenance": {**provenance(self.runner, self.params, self.load_at_start), "process": process_usage()},
             "figures": [asdict(f) for f in self.figures.values()],
         }
 
@@ -392,6 +402,113 @@ def load_all(root: Path | None = None) -> list[dict]:
         for path in sorted((root / r).glob("day*_*.json")):
             docs.append(load_file(path))
     return docs
+
+
+# --------------------------------------------------------------------------- the quiet run
+QUIET_LOAD_PER_CPU = BUSY_LOAD_PER_CPU   # a run that started at a 1-minute load above this per CPU is not quiet
+
+
+def start_load(doc: dict) -> tuple[float | None, int | None]:
+    """The 1-minute load a run started at and the CPUs that load was shared by, from its provenance.
+
+    Two readings may exist: ``kestrel-lab rerun --quiet-load`` notes the load just before it started the
+    notebook (``rerun.quiet.load1``) and the notebook's ``Recorder`` the load when it was created
+    (``load_avg``); the higher one counts. (None, …) when neither was recorded. Taught in day23_2.
+    """
+    prov = doc["provenance"]
+    readings = [(prov.get("load_avg") or [None])[0], ((prov.get("rerun") or {}).get("quiet") or {}).get("load1")]
+    known = [float(v) for v in readings if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    mach = prov.get("machine") or {}
+    cpus = mach.get("cores") or len(mach.get("affinity") or []) or None
+    return (max(known) if known else None), cpus
+
+
+@dataclass
+class QuietRun:
+    """The quietest re-run of a notebook with the current run's parameters (``quiet_series``): the figures
+    asked for, and who measured them, where, with which commit, at which load."""
+
+    notebook: str
+    runner: str
+    figures: dict[str, Any]
+    machine: str
+    commit: str | None
+    date: str
+    load1: float
+    cpus: int
+
+    def sentence(self) -> str:
+        """Who measured these figures, in the book's words."""
+        return (f"安静的重跑：runner {self.runner}（{self.machine}，commit {self.commit or '?'}，{self.date[:10]}），"
+                f"开始时 1 分钟平均负载 {self.load1:.2f}（{self.cpus} 个 CPU）")
+
+
+def _machine_words(doc: dict) -> str:
+    mach = doc["provenance"].get("machine") or {}
+    models = sorted({str(c.get("model")) for c in mach.get("clusters") or [] if c.get("model")})
+    what = " + ".join(models) or mach.get("arch") or "?"
+    return f"{mach.get('hostname') or '?'}，{what}，{mach.get('cores') or '?'} 个 CPU"
+
+
+def _why_not_quiet(doc: dict, params: dict, names: tuple[str, ...]) -> str | None:
+    """Why a document cannot stand as the quiet run (in the book's words), or None when it can."""
+    if doc["source"] != "run":
+        return "文章里的数字，不是重跑"
+    if is_emulated(doc):
+        return "模拟器（qemu）上测的"
+    theirs = doc["provenance"].get("parameters") or {}
+    if json.dumps(theirs, sort_keys=True) != json.dumps(params, sort_keys=True):
+        keys = sorted(k for k in set(theirs) | set(params) if theirs.get(k, "∅") != params.get(k, "∅"))
+        return "参数不同（" + "，".join(f"{k}={theirs.get(k, '∅')!r}，本次 {params.get(k, '∅')!r}" for k in keys) + "）"
+    load1, cpus = start_load(doc)
+    if load1 is None or not cpus:
+        return "没有记下开始时的负载"
+    if load1 > QUIET_LOAD_PER_CPU * cpus:
+        return f"开始时 1 分钟平均负载 {load1:.2f}，超过 {cpus} 个 CPU 的 {QUIET_LOAD_PER_CPU:.0%}"
+    have = {f["name"] for f in doc["figures"] if f["status"] in ("measured", "computed") and f.get("value") is not None}
+    missing = [n for n in names if n not in have]
+    if missing:
+        return f"缺少数字 {', '.join(missing[:4])}{' …' if len(missing) > 4 else ''}"
+    return None
+
+
+def quiet_series(notebook: str, params: dict, names: "list[str] | tuple[str, ...]" = (), *,
+                 root: Path | None = None) -> tuple[QuietRun | None, str]:
+    """The quietest re-run of ``notebook`` whose parameters equal ``params`` (the current run's), with
+    its figures ``names``; and a sentence saying whom it chose, or why none could be chosen.
+
+    Quiet means it started at a 1-minute load of at most ``QUIET_LOAD_PER_CPU`` per CPU (``start_load``);
+    among the quiet ones the lowest load per CPU wins, then the newest. A run whose parameters differ
+    measured another thing; an emulated run, one whose load at start was never recorded, or one that
+    lacks any of ``names`` is passed over too — the sentence names each runner and its reason. Reads
+    ``data/measurements/*/<notebook>.json`` (``load_notebook``). Taught in day07_3, day23_2 and day23_3.
+    """
+    params = _jsonable(dict(params))
+    names = tuple(names)
+    docs = load_notebook(check_notebook_id(notebook), root)
+    chosen, rejected = [], []
+    for doc in docs:
+        why = _why_not_quiet(doc, params, names)
+        if why:
+            rejected.append(f"{doc['provenance']['runner']}：{why}")
+        else:
+            load1, cpus = start_load(doc)
+            chosen.append((load1 / cpus, _neg_date(doc["provenance"]["date"]), doc))
+    if not chosen:
+        where = "；".join(rejected) if rejected else "还没有任何 runner 的记录"
+        return None, f"{notebook} 还没有安静的重跑记录（{where}）"
+    _, _, doc = min(chosen, key=lambda c: c[:2])
+    load1, cpus = start_load(doc)
+    values = {f["name"]: f.get("value") for f in doc["figures"]}
+    run = QuietRun(notebook, doc["provenance"]["runner"], {n: values[n] for n in names} if names else values,
+                   _machine_words(doc),
+                   (doc["provenance"].get("machine") or {}).get("git_commit"), doc["provenance"]["date"], load1, cpus)
+    return run, run.sentence()
+
+
+def _neg_date(date: str) -> tuple:
+    """A sort key that puts the newer ISO date first."""
+    return tuple(-ord(c) for c in date)
 
 
 # --------------------------------------------------------------------------- commits and staleness

@@ -1,9 +1,10 @@
-"""What Linux's /proc says about this process: resident memory, its peak, storage reads, the umask.
+"""What Linux's /proc says about this process: resident memory, its peak, storage reads, the umask — and
+about the machine: its load average.
 
 One reader per file, so every caller parses ``/proc/self/status`` the same way. Each function degrades
 where /proc is missing (macOS, a restricted container): ``getrusage`` for the resident size, ``None`` for
 a field that cannot be read. ``memory_snapshot`` is the exception: it raises, naming the file, because
-a lesson that shows the kernel's accounting must not silently show nothing. Taught in day17_1 and day24_1.
+a lesson that shows the kernel's accounting must not silently show nothing. Taught in day17_1, day23_3 and day24_1.
 """
 from __future__ import annotations
 
@@ -46,6 +47,24 @@ def umask() -> int | None:
         return int(value, 8) if value else None
     except ValueError:
         return None
+
+
+def load_average() -> tuple[float, float, float] | None:
+    """The system's 1-, 5- and 15-minute load averages (``os.getloadavg``, which reads ``/proc/loadavg``
+    on Linux), or None where the OS keeps none (Windows) or will not say.
+
+    The one reader of the load average: a figure's provenance, the busy-machine verdict
+    (``measure.machine_state``), the benchmarks' reports and ``kestrel-lab rerun --quiet-load`` all ask
+    here, so "unknown" means the same thing everywhere. Taught in day23_3.
+    """
+    getloadavg = getattr(os, "getloadavg", None)
+    if getloadavg is None:
+        return None
+    try:
+        one, five, fifteen = getloadavg()
+    except OSError:
+        return None
+    return float(one), float(five), float(fifteen)
 
 
 def rss_bytes() -> int:

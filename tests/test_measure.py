@@ -184,3 +184,94 @@ def test_machine_state_is_computed_from_load_and_spread():
     assert noisy.busy and "离散超过" in noisy.sentence() and "负载超过" not in noisy.sentence()
     st = machine_state(Timing([1.0, 1.0, 1.0]), Timing([1.0, 2.0, 1.0]))
     assert st.spread == 1.0 and st.cpus >= 1
+
+
+# --------------------------------------------------------------------------- the quiet run
+def _fake_run(root, runner, *, load, cores=2, params=None, values=None, emulated=False, date=None,
+              rerun_load=None):
+    """A measurements file as a re-run would publish it, with the load and machine set by hand."""
+    rec = measure.Recorder("day23_2", runner, params={"quick": True} if params is None else params)
+    for name, value in (values or {"prefill_tok_s_1": 100.0, "prefill_tok_s_64": 300.0}).items():
+        rec.record(name, value, "tok/s", f"{name} of a fake run")
+    doc = rec.document()
+    prov = doc["provenance"]
+    prov["load_avg"] = None if load is None else [load, load, load]
+    prov["machine"] = {**prov["machine"], "cores": cores, "hostname": f"host-{runner}"}
+    if emulated:
+        prov["machine"]["emulated"] = True
+    if date:
+        prov["date"] = date
+    if rerun_load is not None:
+        prov["rerun"] = {"quiet": {"load1": rerun_load, "limit": 1.0, "outcome": "quiet"}}
+    path = root / runner / "day23_2.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    return path
+
+
+def test_quiet_series_chooses_the_quietest_run_with_the_same_parameters(tmp_path):
+    _fake_run(tmp_path, "busy-box", load=3.0, values={"prefill_tok_s_1": 1.0, "prefill_tok_s_64": 2.0})
+    _fake_run(tmp_path, "calm", load=0.6, values={"prefill_tok_s_1": 90.0, "prefill_tok_s_64": 280.0})
+    _fake_run(tmp_path, "calmest", load=0.2, values={"prefill_tok_s_1": 110.0, "prefill_tok_s_64": 320.0})
+    _fake_run(tmp_path, "other-params", load=0.0, params={"quick": False})
+    _fake_run(tmp_path, "qemu", load=0.0, emulated=True)
+    run, why = measure.quiet_series("day23_2", {"quick": True}, ["prefill_tok_s_1", "prefill_tok_s_64"],
+                                    root=tmp_path)
+    assert run is not None and run.runner == "calmest"
+    assert run.figures == {"prefill_tok_s_1": 110.0, "prefill_tok_s_64": 320.0}
+    assert run.load1 == 0.2 and run.cpus == 2 and "host-calmest" in run.machine and run.commit is not None
+    assert why == run.sentence() and "calmest" in why and "0.20" in why
+    # per CPU: 0.4 on 8 CPUs is quieter than 0.2 on 2
+    _fake_run(tmp_path, "big-box", load=0.4, cores=8)
+    run, _ = measure.quiet_series("day23_2", {"quick": True}, ["prefill_tok_s_1"], root=tmp_path)
+    assert run.runner == "big-box" and run.figures == {"prefill_tok_s_1": 100.0}
+
+
+def test_quiet_series_reads_the_higher_of_the_two_loads_at_start(tmp_path):
+    # the runner saw 1.8 before starting the notebook, the Recorder 0.3: the run was not quiet
+    _fake_run(tmp_path, "gave-up", load=0.3, rerun_load=1.8)
+    assert measure.start_load(measure.load_file(tmp_path / "gave-up" / "day23_2.json")) == (1.8, 2)
+    run, why = measure.quiet_series("day23_2", {"quick": True}, root=tmp_path)
+    assert run is None and "gave-up：开始时 1 分钟平均负载 1.80" in why
+    _fake_run(tmp_path, "fine", load=0.9, rerun_load=0.4, date="2026-12-01T00:00:00+00:00")
+    _fake_run(tmp_path, "fine-newer", load=0.9, date="2026-12-05T00:00:00+00:00")
+    run, _ = measure.quiet_series("day23_2", {"quick": True}, root=tmp_path)
+    assert run.runner == "fine-newer"          # same load: the newer one
+    assert set(run.figures) == {"prefill_tok_s_1", "prefill_tok_s_64"}   # no names: every figure
+
+
+def test_quiet_series_is_none_with_the_reason(tmp_path):
+    run, why = measure.quiet_series("day23_2", {"quick": True}, root=tmp_path)
+    assert run is None and "还没有任何 runner 的记录" in why
+    _fake_run(tmp_path, "no-load", load=None)
+    _fake_run(tmp_path, "loaded", load=1.2)
+    _fake_run(tmp_path, "quick-false", load=0.1, params={"quick": False})
+    _fake_run(tmp_path, "old-names", load=0.1, values={"prefill_tok_s_1": 5.0})
+    run, why = measure.quiet_series("day23_2", {"quick": True}, ["prefill_tok_s_1", "prefill_tok_s_64"],
+                                    root=tmp_path)
+    assert run is None and why.startswith("day23_2 还没有安静的重跑记录")
+    assert "no-load：没有记下开始时的负载" in why
+    assert "loaded：开始时 1 分钟平均负载 1.20，超过 2 个 CPU 的 50%" in why
+    assert "quick-false：参数不同（quick=False，本次 True）" in why
+    assert "old-names：缺少数字 prefill_tok_s_64" in why
+
+
+def test_one_reader_of_the_load_average(monkeypatch):
+    from kestrel_lab import procfs
+
+    monkeypatch.setattr(procfs.os, "getloadavg", lambda: (1, 2.5, 3), raising=False)
+    assert procfs.load_average() == (1.0, 2.5, 3.0)
+    rec = measure.Recorder("day01_3", "r1")
+    assert rec.load_at_start == (1.0, 2.5, 3.0)
+    assert measure.machine_state().load1 == 1.0 and measure.machine_state(load1=0.25).load1 == 0.25
+
+    def refuses():
+        raise OSError("no load average here")
+
+    monkeypatch.setattr(procfs.os, "getloadavg", refuses)
+    assert procfs.load_average() is None and measure.machine_state().load1 is None
+    rec.record("x", 1.0, "s", "a figure")
+    assert rec.document()["provenance"]["load_avg"] == [1.0, 2.5, 3.0]   # the load at the start, not at save()
+    monkeypatch.delattr(procfs.os, "getloadavg")
+    assert procfs.load_average() is None
+    assert measure.provenance("r1")["load_avg"] is None

@@ -25,7 +25,7 @@ import numpy as np
 from kestrel_lab import models
 from kestrel_lab.bench.speed import DECODE_TOKENS, engine_speed, prompt_ids
 from kestrel_lab.paths import child_env
-from kestrel_lab.procfs import io_read_bytes, rss_parts, status_bytes
+from kestrel_lab.procfs import io_read_bytes, load_average, rss_parts, status_bytes
 
 MOE_PROMPT_TOKENS = 256   # the prompt whose distinct experts per layer are counted
 
@@ -128,7 +128,7 @@ def moe_run(config_path, layers: int | None = None, quant: str = "q4_0", threads
         res["memory_limit"] = memory_res
     if dense_path is not None:
         res["dense_twin"] = dense_twin(path, dense_path, threads, decode_tokens=decode_tokens, rounds=rounds, log=log)
-    res["load_avg"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+    res["load_avg"] = load_average()
     return res
 
 def _moe_configs(config_path, layers: int | None):
@@ -310,7 +310,7 @@ def memory_limit_run(path, limit=None, threads: int = 1, decode_tokens: int = DE
                       "child_s": out.seconds})
             res["runs"][name].append(d)
     res["summary"] = summarize_memory_limit(res)
-    res["load_avg"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+    res["load_avg"] = load_average()
     return res
 
 def _median_or_none(runs: list[dict], key: str) -> float | None:
@@ -402,7 +402,7 @@ def dense_twin(moe_path, dense_path, threads: list[int], decode_tokens: int = DE
                                 "moe_bytes_per_token": bpt["moe"], "dense_bytes_per_token": bpt["dense"],
                                 "predicted_ratio": bpt["dense"] / bpt["moe"],
                                 "measured_ratio": float(np.median(ratios)), "measured_ratios": ratios}
-    out["load_avg"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+    out["load_avg"] = load_average()
     return out
 
 def agreement(measured: float, predicted: float, tolerance: float = 0.25) -> str:

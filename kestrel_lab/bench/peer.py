@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kestrel_lab import paths
+from kestrel_lab import paths, procfs
 from kestrel_lab.kernels.registry import host_features
 
 PEER = "llama.cpp"
@@ -353,7 +353,7 @@ def run(rounds: int = 3, threads=(1, 2), config=None, root=None, log=print) -> d
     if rounds < 1:
         raise ValueError(f"rounds = {rounds} must be ≥ 1")
     threads = sorted({int(t) for t in threads})
-    load_before = os.getloadavg()
+    load_before = procfs.load_average()
     t0 = time.perf_counter()
     ckpt = checkpoint(config)
     log(f"checkpoint: {ckpt} ({time.perf_counter() - t0:.0f} s)")
@@ -378,7 +378,7 @@ def run(rounds: int = 3, threads=(1, 2), config=None, root=None, log=print) -> d
         "settings": _settings(info, gguf_path, peer_settings[threads[0]], eng0),
         "build": {k: info.get(k) for k in ("sdist", "sdist_sha256", "cmake_flags", "compiler", "seconds", "built_at")},
         "machine": {"cpu": cpu_model(), "isa": isa_flags(), "cores": os.cpu_count(),
-                    "load_before": list(load_before), "load_after": list(os.getloadavg())},
+                    "load_before": load_before, "load_after": procfs.load_average()},
         "seconds": time.perf_counter() - t0,
     }
 
@@ -492,10 +492,14 @@ def format_table(res: dict) -> str:
     f = res["files"]
     L.append(f"files: GGUF {f['gguf_bytes'] / 1e6:.1f} MB, VQF {f['vqf_bytes'] / 1e6:.1f} MB "
              f"(checkpoint {Path(f['checkpoint']).name})")
-    L.append("load average (1/5/15 min) before: " + " / ".join(f"{v:.2f}" for v in m["load_before"])
-             + "; after: " + " / ".join(f"{v:.2f}" for v in m["load_after"]))
+    L.append("load average (1/5/15 min) before: " + _loads(m["load_before"]) + "; after: " + _loads(m["load_after"]))
     return "\n".join(L)
 
+
+
+def _loads(load: "list[float] | tuple[float, ...] | None") -> str:
+    """A 1/5/15-minute load average as printed, or "unknown" where the OS keeps none."""
+    return " / ".join(f"{v:.2f}" for v in load) if load else "unknown"
 
 # ------------------------------------------------------------------------------ make peers: smoke and choose
 def smoke(build_json: "str | os.PathLike", log=print) -> str:

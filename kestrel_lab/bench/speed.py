@@ -26,7 +26,6 @@ Taught in day07_3, day23_1, day24_2 and day29_1.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -36,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kestrel_lab import models
+from kestrel_lab import models, procfs
 from kestrel_lab import quant as Q
 from kestrel_lab.paths import child_env, configs_dir
 
@@ -320,7 +319,7 @@ def run(config_path=None, quant: str = "q4_0", threads: list[int] | None = None,
             for dt in ("fp32", "bf16"):
                 log(f"PyTorch {dt}, {threads[-1]} thread(s) …")
                 res["torch"][dt] = torch_speed(path, dt, threads[-1])["decode_tok_s"]
-    res["load_avg"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+    res["load_avg"] = procfs.load_average()
     return res
 
 def format_table(res: dict) -> str:

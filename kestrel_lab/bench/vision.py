@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kestrel_lab import models
+from kestrel_lab import models, procfs
 from kestrel_lab import quant as Q
 from kestrel_lab.paths import child_env, configs_dir
 
@@ -174,7 +174,7 @@ def run(config_path=None, threads: list[int] | None = None, with_torch: bool = T
                 emb = r.pop("embeds")
                 r["max_rel_diff_to_engine"] = float(np.abs(emb - ref).max() / max(np.abs(emb).max(), 1e-30))
                 res["torch"][dt] = r
-    res["load_avg"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+    res["load_avg"] = procfs.load_average()
     return res
 
 
