@@ -506,6 +506,44 @@ def quiet_series(notebook: str, params: dict, names: "list[str] | tuple[str, ...
     return run, run.sentence()
 
 
+@dataclass
+class Reading:
+    """Which figures a lesson's conclusion reads (``reading``): this run's, or — when this run's machine was
+    busy (``MachineState.busy``) and a quiet re-run exists — the quiet run's."""
+
+    state: MachineState
+    quiet: QuietRun | None
+    why: str          # quiet_series' sentence: whom it chose, or why no quiet run exists
+
+    @property
+    def reads_quiet(self) -> bool:
+        return self.state.busy and self.quiet is not None
+
+    def figures(self, own: dict[str, Any]) -> dict[str, Any]:
+        """The figures the conclusion reads: ``own`` (this run's, by record name) or the quiet run's."""
+        return dict(self.quiet.figures) if self.reads_quiet else dict(own)
+
+    def sentence(self) -> str:
+        """Which figures the conclusion reads, and why, in the book's words."""
+        here = f"本次运行：{self.state.sentence()}。"
+        if self.reads_quiet:
+            return here + f"所以下面的结论读{self.quiet.sentence()}的数字；本次的数字列在旁边。"
+        if self.state.busy:
+            return here + f"{self.why}，所以结论只能读本次运行的数字——把它当作忙机器上的结果。"
+        beside = f"（旁边列出{self.quiet.sentence()}的数字）" if self.quiet else f"（{self.why}）"
+        return here + f"结论读本次运行的数字{beside}。"
+
+
+def reading(rec: "Recorder", names: "list[str] | tuple[str, ...]", *timings: "Timing | float",
+            root: Path | None = None) -> Reading:
+    """Judge this run (``machine_state`` of ``timings`` at the load ``rec`` started at) and find the quiet
+    re-run with ``rec``'s parameters and figures ``names`` (``quiet_series``): what the conclusion reads.
+    Taught in day07_3, day23_2 and day23_3."""
+    load1 = rec.load_at_start[0] if rec.load_at_start else None
+    quiet, why = quiet_series(rec.notebook, rec.params, names, root=root)
+    return Reading(machine_state(*timings, load1=load1), quiet, why)
+
+
 def _neg_date(date: str) -> tuple:
     """A sort key that puts the newer ISO date first."""
     return tuple(-ord(c) for c in date)

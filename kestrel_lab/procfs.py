@@ -1,5 +1,4 @@
-"""What Linux's /proc says about this process: resident memory, its peak, storage reads, the umask — and
-about the machine: its load average.
+"""What Linux's /proc says: this process's resident memory, its peak, storage reads, the umask; the load.
 
 One reader per file, so every caller parses ``/proc/self/status`` the same way. Each function degrades
 where /proc is missing (macOS, a restricted container): ``getrusage`` for the resident size, ``None`` for

@@ -275,3 +275,24 @@ def test_one_reader_of_the_load_average(monkeypatch):
     monkeypatch.delattr(procfs.os, "getloadavg")
     assert procfs.load_average() is None
     assert measure.provenance("r1")["load_avg"] is None
+
+
+def test_reading_says_which_figures_the_conclusion_reads(tmp_path, monkeypatch):
+    from kestrel_lab import procfs
+
+    _fake_run(tmp_path, "calm", load=0.2, values={"prefill_tok_s_1": 110.0, "prefill_tok_s_64": 320.0})
+    monkeypatch.setattr(procfs.os, "getloadavg", lambda: (0.1, 0.1, 0.1))
+    rec = measure.Recorder("day23_2", "local", params={"quick": True})
+    own = {"prefill_tok_s_1": 50.0, "prefill_tok_s_64": 60.0}
+    names = list(own)
+    calm = measure.reading(rec, names, 0.05, root=tmp_path)        # a quiet run of our own
+    assert not calm.reads_quiet and calm.figures(own) == own
+    assert "结论读本次运行的数字（旁边列出安静的重跑：runner calm" in calm.sentence()
+    noisy = measure.reading(rec, names, 0.6, root=tmp_path)        # repeats 60 % apart: busy
+    assert noisy.reads_quiet and noisy.figures(own) == {"prefill_tok_s_1": 110.0, "prefill_tok_s_64": 320.0}
+    assert "离散超过" in noisy.sentence() and "结论读安静的重跑：runner calm" in noisy.sentence()
+    monkeypatch.setattr(procfs.os, "getloadavg", lambda: (3.0, 3.0, 3.0))
+    loaded = measure.Recorder("day23_2", "local", params={"quick": False})   # no quiet run with these parameters
+    alone = measure.reading(loaded, names, 0.05, root=tmp_path)
+    assert alone.state.busy and alone.state.load1 == 3.0 and not alone.reads_quiet and alone.figures(own) == own
+    assert "还没有安静的重跑记录" in alone.sentence() and "结论只能读本次运行的数字" in alone.sentence()

@@ -217,3 +217,102 @@ def test_sigterm_stops_the_run_like_ctrl_c(data, tmp_path):
     state = json.loads(state_files[0].read_text())
     assert state["notebooks"]["day02_1"]["status"] == "interrupted" and not state["complete"]
     assert "interrupted" in out and not (data / "measurements" / RUNNER / "day02_1.json").exists()
+
+
+class FakeMachine:
+    """A load average that follows a script, and a clock that only ``sleep`` moves: no real waiting."""
+
+    def __init__(self, loads):
+        self.loads, self.now, self.slept = list(loads), 0.0, []
+
+    def read_load(self):
+        load = self.loads.pop(0) if len(self.loads) > 1 else self.loads[0]
+        return None if load is None else (load, load, load)
+
+    def sleep(self, s):
+        self.slept.append(s)
+        self.now += s
+
+    def gate(self, limit, max_wait, poll=5.0):
+        return book_rerun.QuietGate(limit, max_wait, poll, read_load=self.read_load, sleep=self.sleep,
+                                    clock=lambda: self.now)
+
+
+def test_quiet_gate_waits_gives_up_and_says_so(capsys):
+    fake = FakeMachine([0.4])
+    assert fake.gate(1.0, 60).wait("day01_1") == {"outcome": "quiet", "load1": 0.4, "limit": 1.0,
+                                                  "waited_s": 0.0, "max_wait_s": 60}
+    assert fake.slept == [] and capsys.readouterr().out == ""
+
+    fake = FakeMachine([2.5, 2.0, 1.6, 1.2, 0.9])
+    rec = fake.gate(1.0, 60).wait("day23_2")
+    assert rec["outcome"] == "waited" and rec["load1"] == 0.9 and rec["waited_s"] == 20.0
+    assert fake.slept == [5.0] * 4
+    out = capsys.readouterr().out
+    assert "day23_2 waits for the 1-minute load average to fall to 1 (now 2.50; at most 60 s" in out
+    assert "load 0.90 ≤ 1 after 20 s of waiting" in out
+
+    fake = FakeMachine([3.0] * 40 + [2.2])
+    rec = fake.gate(1.0, 150, poll=4).wait("day07_3")
+    assert rec["outcome"] == "gave_up" and rec["load1"] == 3.0 and rec["waited_s"] == 150.0
+    assert sum(fake.slept) == 150.0 and max(fake.slept) == 4 and fake.slept[-1] == 2.0   # never past the limit
+    out = capsys.readouterr().out
+    assert "day07_3 still waits: load 3.00 > 1 after 60 s" in out and "after 120 s" in out
+    assert "gave up waiting after 150 s: it starts at load 3.00, above --quiet-load 1 (its record says so)" in out
+
+    rec = FakeMachine([None]).gate(1.0, 60).wait("day01_3")
+    assert rec["outcome"] == "unknown" and rec["load1"] is None
+    assert "keeps no load average" in capsys.readouterr().out
+    with pytest.raises(selection.RunnerError, match="--quiet-load -1"):
+        book_rerun.QuietGate(-1, 10)
+    with pytest.raises(selection.RunnerError, match="--quiet-wait -5"):
+        book_rerun.QuietGate(1.0, -5)
+
+
+def test_rerun_records_the_quiet_wait(data, tmp_path, capsys):
+    nbs = selection.select_notebooks(FIXTURES, ids=["day01_1", "day01_3"])
+    fake = FakeMachine([1.8, 1.7, 0.6, 2.4])    # day01_1 waits 10 s, day01_3 gives up at 2.4
+    results, folder = book_rerun.rerun(RUNNER, nbs, timeout=120, runs_root=tmp_path / "runs",
+                                       quiet=fake.gate(1.0, 30, poll=5))
+    out = capsys.readouterr().out
+    assert [r.status for r in results] == ["ok", "ok"]
+    assert "each waits for a 1-minute load ≤ 1 (at most 30 s)" in out
+    assert "day01_1 waits for the 1-minute load average to fall to 1 (now 1.80" in out
+    assert "day01_1 started at load 0.60" in out and "day01_3 started at load 2.40" in out
+    assert "started at load 2.40 > 1 (gave up waiting after 30 s)" in out   # the summary's note
+    assert "1 started above --quiet-load" in out
+    state = json.loads((folder.path / "run.json").read_text())
+    assert state["quiet_load"] == 1.0 and state["quiet_wait"] == 30
+    assert state["notebooks"]["day01_1"]["quiet"]["outcome"] == "waited"
+    assert state["notebooks"]["day01_3"]["quiet"] == {"outcome": "gave_up", "load1": 2.4, "limit": 1.0,
+                                                     "waited_s": 30.0, "max_wait_s": 30}
+    quiet_one = measure.load_file(data / "measurements" / RUNNER / "day01_1.json")["provenance"]["rerun"]["quiet"]
+    loud = measure.load_file(data / "measurements" / RUNNER / "day01_3.json")
+    assert quiet_one["outcome"] == "waited" and quiet_one["load1"] == 0.6
+    assert loud["provenance"]["rerun"]["quiet"]["outcome"] == "gave_up"
+    assert measure.start_load(loud)[0] >= 2.4          # quiet_series will pass it over
+    with pytest.raises(selection.RunnerError, match="--jobs 2"):
+        book_rerun.rerun(RUNNER, nbs, jobs=2, runs_root=tmp_path / "runs", quiet=fake.gate(1.0, 30))
+
+
+def test_quiet_options_on_the_command_line(data, tmp_path, capsys, monkeypatch):
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_rerun(runner, notebooks, **kw):
+        seen.update(kw)
+        raise Stop
+
+    monkeypatch.setattr(book_rerun, "rerun", fake_rerun)
+    with pytest.raises(Stop):
+        cli.main(["rerun", "--runner", RUNNER, "--root", str(FIXTURES), "--notebooks", "day01_3",
+                  "--quiet-load", "1.5", "--quiet-wait", "120"])
+    assert seen["quiet"].limit == 1.5 and seen["quiet"].max_wait == 120
+    with pytest.raises(Stop):
+        cli.main(["rerun", "--runner", RUNNER, "--root", str(FIXTURES), "--notebooks", "day01_3",
+                  "--quiet-load", "2"])
+    assert seen["quiet"].max_wait == book_rerun.DEFAULT_QUIET_WAIT_S
+    assert cli.main(["rerun", "--runner", RUNNER, "--root", str(FIXTURES), "--quiet-wait", "5"]) != 0
+    assert "--quiet-wait needs --quiet-load" in capsys.readouterr().err

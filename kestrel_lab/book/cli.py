@@ -12,7 +12,7 @@ from pathlib import Path
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the book's commands to ``kestrel-lab``. Taught in day28_1."""
-    from kestrel_lab.book.rerun import DEFAULT_TIMEOUT_S
+    from kestrel_lab.book.rerun import DEFAULT_QUIET_WAIT_S, DEFAULT_TIMEOUT_S
 
     _register_book(sub)
 
@@ -46,6 +46,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "notebook may hold up to 2 GiB)")
     rr.add_argument("--cpus", help="pin the notebooks to these CPUs: big (the fastest cluster: an RK3588's A76), "
                                    "little, all, or a list such as 4-7; sets NUMBA_NUM_THREADS to their count")
+    rr.add_argument("--quiet-load", type=float, metavar="L",
+                    help="before each notebook, wait until the 1-minute load average is at most L (read every "
+                         "few seconds), e.g. half the CPU count; the load it started at, and whether it waited "
+                         "or gave up waiting, go into run.json and the figures' provenance (rerun.quiet)")
+    rr.add_argument("--quiet-wait", type=float, metavar="S",
+                    help=f"with --quiet-load: wait at most S seconds, then start anyway and say so "
+                         f"(default {DEFAULT_QUIET_WAIT_S})")
     rr.add_argument("--keep-going", action="store_true", help="run the other notebooks after a failure")
     rr.add_argument("--force", action="store_true", help="re-run notebooks already done in the run folder")
     rr.add_argument("--new-run", action="store_true", help="start a new run folder instead of resuming")
@@ -177,7 +184,8 @@ def _runner_info(args) -> int:
 
 def _rerun(args) -> int:
     from kestrel_lab.book import selection
-    from kestrel_lab.book.rerun import rerun
+    from kestrel_lab.book.rerun import DEFAULT_QUIET_WAIT_S, QuietGate, rerun
+    from kestrel_lab.book.selection import RunnerError
     from kestrel_lab.book.runs import OK
     from kestrel_lab.paths import REPO_ROOT
 
@@ -186,10 +194,15 @@ def _rerun(args) -> int:
     ids = [s for s in args.notebooks.split(",") if s.strip()] if args.notebooks else None
     notebooks = selection.select_notebooks(root, days=days, ids=ids)
     cpus = selection.parse_cpus(args.cpus) if args.cpus else None
+    if args.quiet_wait is not None and args.quiet_load is None:
+        raise RunnerError("--quiet-wait needs --quiet-load (the load average to wait for)")
+    quiet = (QuietGate(args.quiet_load, DEFAULT_QUIET_WAIT_S if args.quiet_wait is None else args.quiet_wait)
+             if args.quiet_load is not None else None)
     results, folder = rerun(args.runner, notebooks, params=selection.parse_parameters(args.parameter),
                                timeout=args.timeout, jobs=args.jobs, cpus=cpus, keep_going=args.keep_going,
                                force=args.force, runs_root=args.runs_root or root / "runs",
-                               run_dir=args.run_dir, new_run=args.new_run, allow_dirty=args.allow_dirty)
+                               run_dir=args.run_dir, new_run=args.new_run, allow_dirty=args.allow_dirty,
+                               quiet=quiet)
     from kestrel_lab.paths import measurements_dir
 
     ok = all(r.status == OK for r in results)

@@ -97,7 +97,10 @@ class Executor:
         for p in procs:
             _kill_group(p)
 
-    def run(self, notebook: str, src: Path) -> Result:
+    def run(self, notebook: str, src: Path, quiet: dict | None = None) -> Result:
+        """Execute one notebook in a worker and publish its figures when it succeeded. ``quiet`` is how its
+        start waited for a quiet machine (``rerun.QuietGate.wait``): kept in the result and published in
+        the provenance as ``rerun.quiet``."""
         run = self.folder.path
         out = run / f"{notebook}.ipynb"
         log = run / f"{notebook}.log"
@@ -115,7 +118,7 @@ class Executor:
         env = self._worker_env(stage)
         t0 = time.monotonic()
         if self.stopping:
-            return Result(notebook, "interrupted", 0.0, error="stopped by Ctrl-C")
+            return Result(notebook, "interrupted", 0.0, error="stopped by Ctrl-C", quiet=quiet)
         proc, status, error = self._wait_for_worker(spec_file, log, env)
         seconds = time.monotonic() - t0
         peak = None
@@ -123,7 +126,7 @@ class Executor:
             status, error, peak = self._outcome(proc, result_file, log)
         result = Result(notebook, status, round(seconds, 1), peak_rss_bytes=peak, error=error,
                         output=out.name if out.exists() else None,
-                        finished=utc_now())
+                        finished=utc_now(), quiet=quiet)
         if status == OK:
             self._publish_figures(result, notebook, stage)
         for f in (spec_file, result_file):
@@ -201,6 +204,8 @@ class Executor:
                 info = {"seconds": result.seconds, "peak_rss_bytes": result.peak_rss_bytes,
                         "run": self.folder.path.name, "timeout": self.timeout,
                         "cpus": self.cpus, "jobs": self.folder.state.get("jobs", 1)}
+                if result.quiet is not None:
+                    info["quiet"] = result.quiet
                 if self.allow_dirty:
                     info["allow_dirty"] = True
                 publish(staged, self.runner, notebook, self.root, rerun_info=info,

@@ -22,6 +22,12 @@ Why the pieces look the way they do:
   refuses to start (and to publish) while the checkout has uncommitted changes (``dirty_files``),
   unless ``--allow-dirty`` says so on purpose — which is then recorded in every published file's
   provenance (``allow_dirty: true``) and in the run folder's ``run.json``.
+* Timings want a quiet machine, and the notebook before leaves its own minute of load behind (the
+  1-minute load average decays over about a minute). ``--quiet-load L --quiet-wait S`` (``QuietGate``)
+  waits before each notebook until the 1-minute load average is at most ``L``, for at most ``S`` seconds,
+  then starts it anyway: the load it started at and whether it was quiet, waited or gave up waiting go
+  into ``run.json``, the summary and the published file's provenance (``rerun.quiet``), so a figure
+  measured above ``L`` says so (``measure.quiet_series`` passes it over).
 * The run folder keeps ``run.json`` (the state of every notebook), the executed notebooks and their
   logs, so that re-running the same command resumes: notebooks already done there are skipped unless
   ``--force``.
@@ -37,10 +43,13 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
-from kestrel_lab import machine, measure
+from kestrel_lab import machine, measure, procfs
 from kestrel_lab.book.executor import Executor, dirty_refusal, interrupt_on_term
 from kestrel_lab.book.runs import OK, STATE_FILE, Result, RunFolder
 from kestrel_lab.book.selection import RunnerError, declared_parameters
@@ -49,6 +58,77 @@ from kestrel_lab.measure import utc_now
 from kestrel_lab.paths import REPO_ROOT
 
 DEFAULT_TIMEOUT_S = 1800
+DEFAULT_QUIET_WAIT_S = 900     # --quiet-load without --quiet-wait: at most 15 minutes before each notebook
+QUIET_POLL_S = 5.0             # how often the load average is read while waiting
+QUIET_REPORT_S = 60.0          # how often a waiting run says it is still waiting
+
+
+@dataclass
+class QuietGate:
+    """``--quiet-load`` / ``--quiet-wait``: before a notebook, wait until the 1-minute load average is at
+    most ``limit``, reading it every ``poll`` seconds, for at most ``max_wait`` seconds; then start.
+
+    ``wait`` returns what goes into the record — ``outcome`` ``quiet`` (at most ``limit`` at once),
+    ``waited`` (after ``waited_s`` seconds), ``gave_up`` (still above it after ``max_wait``: the notebook
+    starts anyway, and says so) or ``unknown`` (the OS keeps no load average) — with the load it started at.
+    ``read_load``, ``sleep`` and ``clock`` are the machine's by default (tests pass fakes). Taught in day28_2.
+    """
+
+    limit: float
+    max_wait: float = DEFAULT_QUIET_WAIT_S
+    poll: float = QUIET_POLL_S
+    read_load: Callable[[], "tuple[float, ...] | None"] = field(default=procfs.load_average, repr=False)
+    sleep: Callable[[float], None] = field(default=time.sleep, repr=False)
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
+
+    def __post_init__(self):
+        if not self.limit >= 0:
+            raise RunnerError(f"--quiet-load {self.limit}: a load average is at least 0")
+        if not self.max_wait >= 0:
+            raise RunnerError(f"--quiet-wait {self.max_wait}: seconds to wait are at least 0")
+        if not self.poll > 0:
+            raise RunnerError(f"QuietGate.poll {self.poll}: must be positive")
+
+    def _load1(self) -> float | None:
+        load = self.read_load()
+        return float(load[0]) if load else None
+
+    def _record(self, outcome: str, load1: float | None, waited: float) -> dict:
+        return {"outcome": outcome, "load1": None if load1 is None else round(load1, 3), "limit": self.limit,
+                "waited_s": round(waited, 1), "max_wait_s": self.max_wait}
+
+    def wait(self, notebook: str, out=None) -> dict:
+        """Wait (printing what for) until the load allows ``notebook`` to start; the record of it."""
+        out = out or sys.stdout
+        t0 = self.clock()
+        load = self._load1()
+        if load is None:
+            print(f"  … {notebook}: this OS keeps no load average: --quiet-load {self.limit:g} cannot be "
+                  f"checked; starting without waiting", file=out, flush=True)
+            return self._record("unknown", None, 0.0)
+        if load <= self.limit:
+            return self._record("quiet", load, 0.0)
+        print(f"  … {notebook} waits for the 1-minute load average to fall to {self.limit:g} (now {load:.2f}; "
+              f"at most {self.max_wait:g} s, read every {self.poll:g} s)", file=out, flush=True)
+        next_report = QUIET_REPORT_S
+        while True:
+            waited = self.clock() - t0
+            if waited >= self.max_wait:
+                print(f"  … {notebook}: gave up waiting after {waited:.0f} s: it starts at load {load:.2f}, above "
+                      f"--quiet-load {self.limit:g} (its record says so)", file=out, flush=True)
+                return self._record("gave_up", load, waited)
+            self.sleep(min(self.poll, self.max_wait - waited))
+            now = self._load1()
+            load = load if now is None else now
+            waited = self.clock() - t0
+            if now is not None and now <= self.limit:
+                print(f"  … {notebook}: load {now:.2f} ≤ {self.limit:g} after {waited:.0f} s of waiting",
+                      file=out, flush=True)
+                return self._record("waited", now, waited)
+            if waited >= next_report:
+                print(f"  … {notebook} still waits: load {load:.2f} > {self.limit:g} after {waited:.0f} s "
+                      f"(at most {self.max_wait:g} s)", file=out, flush=True)
+                next_report += QUIET_REPORT_S
 
 
 def rerun(runner: str, notebooks: dict[str, Path], *, params: dict | None = None,
@@ -56,13 +136,14 @@ def rerun(runner: str, notebooks: dict[str, Path], *, params: dict | None = None
           keep_going: bool = False, force: bool = False, runs_root: Path | None = None,
           run_dir: Path | None = None, new_run: bool = False, measurements_root: Path | None = None,
           kernel: str = "python3", allow_dirty: bool = False, repo: Path | None = None,
-          out=None) -> tuple[list[Result], RunFolder]:
+          quiet: QuietGate | None = None, out=None) -> tuple[list[Result], RunFolder]:
     """Execute ``notebooks`` for ``runner`` and publish their figures; return one Result each.
 
     Refuses (``RunnerError``, before anything runs) while the checkout has uncommitted changes
     (``dirty_files``) unless ``allow_dirty``, which is then recorded in every published file's
     provenance and in ``run.json``. ``repo`` is the checkout whose state is checked (default: this
-    book's, which holds the package and the notebooks). Taught in day28_2.
+    book's, which holds the package and the notebooks). With ``quiet`` each notebook waits for a quiet
+    machine first (``QuietGate``); that needs ``jobs`` 1. Taught in day28_2.
     """
     out = out or sys.stdout
     measure.check_runner(runner)
@@ -74,10 +155,14 @@ def rerun(runner: str, notebooks: dict[str, Path], *, params: dict | None = None
         raise RunnerError("--jobs must be at least 1")
     if timeout <= 0:
         raise RunnerError("--timeout must be positive")
+    if quiet is not None and jobs > 1:
+        raise RunnerError(f"--quiet-load with --jobs {jobs}: notebooks running side by side are the load it "
+                          f"waits out; use --jobs 1")
     dirty = machine.dirty_files(repo)
     if dirty and not allow_dirty:
         raise RunnerError(dirty_refusal(dirty, repo))
-    settings = {"timeout": timeout, "cpus": cpus, "jobs": jobs, "allow_dirty": bool(allow_dirty)}
+    settings = {"timeout": timeout, "cpus": cpus, "jobs": jobs, "allow_dirty": bool(allow_dirty),
+                "quiet_load": quiet.limit if quiet else None, "quiet_wait": quiet.max_wait if quiet else None}
     folder, how = _open_folder(runner, params, settings, run_dir, runs_root, new_run)
 
     todo = [nb for nb in notebooks if force or not folder.done(nb)]
@@ -88,7 +173,8 @@ def rerun(runner: str, notebooks: dict[str, Path], *, params: dict | None = None
     results: dict[str, Result] = {nb: folder.result(nb) for nb in skipped}
     ex = Executor(folder, runner, params, timeout=timeout, cpus=cpus,
                    measurements_root=measurements_root, kernel=kernel, allow_dirty=allow_dirty, repo=repo)
-    interrupted = _execute(ex, folder, notebooks, todo, results, jobs=jobs, keep_going=keep_going, out=out)
+    interrupted = _execute(ex, folder, notebooks, todo, results, jobs=jobs, keep_going=keep_going, quiet=quiet,
+                           out=out)
     ordered = _finish(folder, notebooks, results, interrupted)
     print(summary_table(ordered, runner, quick=params.get("quick", True) is not False), file=out)
     if interrupted:
@@ -124,9 +210,11 @@ def _print_plan(folder: RunFolder, how: str, runner: str, todo: list[str], skipp
                 out) -> None:
     """The run's first line: the folder, the runner, what runs and what is already done, the limits."""
     pin = f", pinned to CPUs {settings['cpus']}" if settings["cpus"] else ""
+    calm = (f"; each waits for a 1-minute load ≤ {settings['quiet_load']:g} (at most {settings['quiet_wait']:g} s)"
+            if settings["quiet_load"] is not None else "")
     print(f"run folder {folder.path} ({how}); runner {runner}; {len(todo)} to run, {len(skipped)} "
-          f"already done there; timeout {settings['timeout']:g} s per notebook; {settings['jobs']} at a time{pin}",
-          file=out)
+          f"already done there; timeout {settings['timeout']:g} s per notebook; {settings['jobs']} at a time{pin}"
+          f"{calm}", file=out)
 
 
 def _print_warnings(dirty: list[str] | None, params: dict, notebooks: dict[str, Path], out) -> None:
@@ -146,10 +234,12 @@ def _print_warnings(dirty: list[str] | None, params: dict, notebooks: dict[str, 
 
 
 def _execute(ex: Executor, folder: RunFolder, notebooks: dict[str, Path], todo: list[str],
-             results: dict[str, Result], *, jobs: int, keep_going: bool, out) -> bool:
-    """Run ``todo``, ``jobs`` at a time (none started after a failure unless ``keep_going``), each result
-    recorded in ``results`` and the run folder as it comes. True when Ctrl-C (or SIGTERM) stopped the run:
-    the notebooks still running are stopped and recorded as interrupted."""
+             results: dict[str, Result], *, jobs: int, keep_going: bool, quiet: QuietGate | None = None,
+             out) -> bool:
+    """Run ``todo``, ``jobs`` at a time (none started after a failure unless ``keep_going``; each, with
+    ``quiet``, once the machine is quiet or the wait is over), each result recorded in ``results`` and the
+    run folder as it comes. True when Ctrl-C (or SIGTERM) stopped the run: the notebooks still running
+    are stopped and recorded as interrupted."""
     pending = list(todo)
     running: dict[Future, str] = {}
     failed = False
@@ -161,8 +251,10 @@ def _execute(ex: Executor, folder: RunFolder, notebooks: dict[str, Path], todo: 
             while pending or running:
                 while pending and len(running) < jobs and not (failed and not keep_going):
                     nb = pending.pop(0)
-                    print(f"  … {nb} started", file=out, flush=True)
-                    running[pool.submit(ex.run, nb, notebooks[nb])] = nb
+                    calm = quiet.wait(nb, out) if quiet else None
+                    load = f" at load {calm['load1']:.2f}" if calm and calm["load1"] is not None else ""
+                    print(f"  … {nb} started{load}", file=out, flush=True)
+                    running[pool.submit(ex.run, nb, notebooks[nb], calm)] = nb
                 if not running:
                     break
                 finished, _ = wait(list(running), return_when=FIRST_COMPLETED)

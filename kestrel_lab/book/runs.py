@@ -32,6 +32,7 @@ class Result:
     error: str | None = None
     output: str | None = None  # the executed notebook, relative to the run folder
     finished: str | None = None
+    quiet: dict | None = None  # --quiet-load: the load it started at, and whether it waited (rerun.QuietGate)
     earlier: bool = False  # done in an earlier invocation on this run folder (skipped now)
 
 

@@ -36,6 +36,18 @@ def figures_cell(r: Result) -> str:
     return f"{r.figures}" + (f" + {r.not_measured} not measured" if r.not_measured else "")
 
 
+def quiet_note(quiet: dict | None) -> str:
+    """The summary's words for a notebook's start: empty when it started quiet (or nobody asked)."""
+    if not quiet or quiet.get("outcome") == "quiet":
+        return ""
+    if quiet["outcome"] == "waited":
+        return f"waited {quiet['waited_s']:g} s for load ≤ {quiet['limit']:g}"
+    if quiet["outcome"] == "gave_up":
+        return (f"started at load {quiet['load1']:.2f} > {quiet['limit']:g} "
+                f"(gave up waiting after {quiet['waited_s']:g} s)")
+    return "load average unknown: started without waiting"
+
+
 def summary_table(results: list[Result], runner: str, quick: bool = True) -> str:
     """The table printed at the end of a run: notebook, status, seconds, peak RSS, figures recorded; the
     note says what ran over budget (``over_budget``; seconds only on the defaults, ``quick``).
@@ -47,7 +59,9 @@ def summary_table(results: list[Result], runner: str, quick: bool = True) -> str
         status = f"{r.status} (earlier)" if r.earlier and r.status == OK else r.status
         secs = f"{r.seconds:.1f}" if r.seconds is not None else "—"
         over = over_budget(r.seconds, r.peak_rss_bytes, quick)
-        note = "; ".join([*(["over budget: " + ", ".join(over)] if over else []), r.error or (r.output or "")])
+        calm = quiet_note(r.quiet)
+        note = "; ".join([*(["over budget: " + ", ".join(over)] if over else []), *([calm] if calm else []),
+                          r.error or (r.output or "")])
         rows.append((r.notebook, status, secs, gib(r.peak_rss_bytes), figures_cell(r), note.strip("; ")))
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row[:5], widths)) + "  " + row[5] for row in rows]
@@ -56,8 +70,10 @@ def summary_table(results: list[Result], runner: str, quick: bool = True) -> str
     total = sum(r.seconds or 0 for r in results if not r.earlier)
     peaks = [r.peak_rss_bytes for r in results if r.peak_rss_bytes is not None and not r.earlier]
     n_over = sum(bool(over_budget(r.seconds, r.peak_rss_bytes, quick)) for r in results)
+    n_loud = sum(bool(r.quiet and r.quiet.get("outcome") == "gave_up") for r in results if not r.earlier)
     lines.append(f"{n_ok}/{len(results)} ok for runner {runner}; {total:.0f} s of notebooks this time"
                  + (f"; largest peak RSS {gib(max(peaks))}" if peaks else "")
                  + (f"; {n_over} over budget ({SECONDS_BUDGET} s on the defaults, {gib(PEAK_RSS_BUDGET)})"
-                    if n_over else ""))
+                    if n_over else "")
+                 + (f"; {n_loud} started above --quiet-load (see the note)" if n_loud else ""))
     return "\n".join(lines)
