@@ -167,3 +167,19 @@ def test_dashboard_shows_rerun_seconds_and_peak_and_flags_what_is_over_budget(da
     assert "| day25_1 | 88.2（quick） ❗> 60 s |" in text               # an older record: no peak, still timed
     assert "| day01_1 | 4.0（quick） · 0.29 GiB |" in text
     assert "| day02_3 | 95.0（full） · 1.00 GiB |" in text               # 60 s is the defaults' budget only
+
+
+def test_dashboard_marks_a_run_that_started_above_the_quiet_load(data):
+    from kestrel_lab.atomic import write_json
+
+    root = data / "measurements"
+    for nb, outcome, load in (("day23_2", "gave_up", 2.4), ("day23_3", "waited", 0.8), ("day07_3", "quiet", 0.1)):
+        rec = measure.Recorder(nb, "ci-check", params={"quick": True})
+        rec.record("x", 1, "tok/s", "a figure")
+        doc = rec.document()
+        doc["provenance"]["rerun"] = {"seconds": 30.0, "quiet": {"outcome": outcome, "load1": load, "limit": 1.0,
+                                                                "waited_s": 900.0, "max_wait_s": 900}}
+        write_json(root / "ci-check" / f"{nb}.json", doc)
+    text = dashboard.render()
+    assert "| day23_2 | 30.0（quick） ⚡负载 2.40 > 1 |" in text
+    assert "| day23_3 | 30.0（quick） |" in text and "| day07_3 | 30.0（quick） |" in text

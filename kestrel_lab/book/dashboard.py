@@ -254,8 +254,9 @@ def _rate_plot_section(docs: list[dict]) -> list[str]:
 
 
 def _rerun_cell(doc: dict) -> str:
-    """One notebook on one runner: seconds and mode, the peak RSS when recorded, and ❗ with what ran over
-    budget (``summary.over_budget``: 60 s on the defaults, 2 GiB)."""
+    """One notebook on one runner: seconds and mode, the peak RSS when recorded, ❗ with what ran over
+    budget (``summary.over_budget``: 60 s on the defaults, 2 GiB), and ⚡ with the load when it started above
+    ``--quiet-load`` (``rerun.quiet``: it gave up waiting)."""
     from kestrel_lab.book.summary import gib, over_budget
 
     info = doc["provenance"]["rerun"]
@@ -263,7 +264,10 @@ def _rerun_cell(doc: dict) -> str:
     peak = info.get("peak_rss_bytes")
     text = f"{info['seconds']:.1f}（{'quick' if quick else 'full'}）" + (f" · {gib(peak)}" if peak else "")
     over = over_budget(info["seconds"], peak, quick)
-    return text + (f" ❗{'，'.join(over)}" if over else "")
+    quiet = info.get("quiet") or {}
+    loud = (f" ⚡负载 {quiet['load1']:.2f} > {quiet['limit']:g}" if quiet.get("outcome") == "gave_up"
+            and quiet.get("load1") is not None else "")
+    return text + (f" ❗{'，'.join(over)}" if over else "") + loud
 
 
 def _rerun_seconds_section(docs: list[dict]) -> list[str]:
@@ -286,7 +290,9 @@ def _rerun_seconds_section(docs: list[dict]) -> list[str]:
            "（内核和它启动的子进程合计，`procfs.TreePeak`；较早的记录没有这一项）记进来历的 `rerun` 字段。"
            "括号里是模式：quick 是默认参数，full 是 `-p quick false`。"
            f"每篇的预算是默认参数下不超过 {SECONDS_BUDGET} s、峰值不超过 {gib(PEAK_RSS_BUDGET)}"
-           "（学生在 8 GB 内存的笔记本电脑上构建这本书）；超出的标 ❗ 并写明超了哪一项。", ""]
+           "（学生在 8 GB 内存的笔记本电脑上构建这本书）；超出的标 ❗ 并写明超了哪一项。"
+           "用 `--quiet-load L` 重跑时，每篇开始前先等 1 分钟平均负载降到 L；等不到、照样开始的标 ⚡ 和开始时的负载"
+           "（这样的计时不算安静，`measure.quiet_series` 不会选它）。", ""]
     return out + _md_table(["notebook", *t_runners], rows) + [""]
 
 
