@@ -214,3 +214,8 @@ def test_one_real_round_side_by_side():
     assert res["settings"]["peer"]["model_type"].endswith("Q4_0")
     assert res["build"]["sdist_sha256"] == BUILT["sdist_sha256"]
     assert "ratio" in peer.format_table(res)
+
+
+def test_the_report_prints_an_unknown_load_average():
+    assert peer._loads((1, 2.5, 0.25)) == "1.00 / 2.50 / 0.25"
+    assert peer._loads(None) == "unknown"     # procfs.load_average where the OS keeps none
