@@ -54,6 +54,14 @@ def layernorm(x, w, b, eps, out):
             out[t, i] = (x[t, i] - m32) * inv32 * w[i] + b[i]
 
 
+@njit(cache=True, inline="always")
+def gelu_tanh_scalar(v):
+    """One float32 through the tanh GELU: the operations of ``gelu_tanh``, shared with the fused epilogue
+    of ``kernels.q8gemm`` so that fused and unfused give the same bits."""
+    c = np.float32(SQRT_2_OVER_PI)
+    return np.float32(0.5) * v * (np.float32(1.0) + np.tanh(c * (v + np.float32(0.044715) * v * v * v)))
+
+
 @njit(cache=True)
 def gelu_tanh(x):
     """In place: ``0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³)))`` (PyTorch ``gelu(approximate="tanh")``).
@@ -61,11 +69,9 @@ def gelu_tanh(x):
     Taught in day19_2.
     """
     T, D = x.shape
-    c = np.float32(SQRT_2_OVER_PI)
     for t in range(T):
         for i in range(D):
-            v = x[t, i]
-            x[t, i] = np.float32(0.5) * v * (np.float32(1.0) + np.tanh(c * (v + np.float32(0.044715) * v * v * v)))
+            x[t, i] = gelu_tanh_scalar(x[t, i])
 
 
 @njit(cache=True)
