@@ -75,6 +75,12 @@ def fma_tile(typingctx, a, ao, ars, ast, b, bo, bst, n, c, co, crs):
 
 
 @njit(cache=True)
+def fma_tile_jit(a, ao, ars, ast, b, bo, bst, n, c, co, crs):
+    """``fma_tile`` callable from Python (an intrinsic is usable only inside compiled code)."""
+    fma_tile(a, ao, ars, ast, b, bo, bst, n, c, co, crs)
+
+
+@njit(cache=True)
 def fma_tile_portable(a, ao, ars, ast, b, bo, bst, n, c, co, crs):
     """``fma_tile`` in plain loops, the products summed in the same order; ``fma_tile`` fuses each multiply
     and add (one rounding instead of two), so the two differ by float rounding only (tested: ≤ 1e-6 of the
@@ -194,4 +200,4 @@ def attend_segments_tiled(q: np.ndarray, k: np.ndarray, v: np.ndarray, cu: np.nd
     return out
 
 
-__all__ = ["attend_segments_tiled", "fma_tile", "fma_tile_portable", "exp_rows", "QT", "KV"]
+__all__ = ["attend_segments_tiled", "fma_tile", "fma_tile_jit", "fma_tile_portable", "exp_rows", "QT", "KV"]
