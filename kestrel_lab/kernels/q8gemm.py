@@ -26,7 +26,7 @@ same float32 bits (tested).
 
 **Epilogue**: bias and, for the MLP's ``fc1``, the tanh GELU are applied as the tile is written
 (``kernels.vision.gelu_tanh_scalar``, the same operations as the unfused ``add_bias`` + ``gelu_tanh``).
-Work is split over (token chunk × row group) items in one parallel region. Taught in day19_2 and day20_2.
+Work is split over (token chunk × row group) items in one parallel region. Taught in day19_2.
 """
 from __future__ import annotations
 
