@@ -4,7 +4,8 @@ One run, on one machine, every figure beside the others:
 
 - the engine's vision encode seconds for a 640×480 image (grid 1×30×40: 1,200 patches, 300 LLM
   tokens), each thread count in a fresh process whose BLAS and numba both get that many threads
-  (the tower's big products are BLAS sgemms, ``OPENBLAS_NUM_THREADS`` is read at start-up), at the Qwen3-VL-2B
+  (the block matrices run the numba int8 GEMM, the patch embedding and mergers BLAS sgemms;
+  ``OPENBLAS_NUM_THREADS`` is read at start-up), at the Qwen3-VL-2B
   vision shapes (``data/configs/qwen3-vl-2b-instruct.config.json``: 24 blocks of width 1024, 3 DeepStack mergers)
   with deterministic random weights (``models.vqf``: the block matrices Q8_0 as the article's file stores them,
   the rest F32; the text tower cut to one layer and a small vocabulary, since it is not timed), at 1 thread and at
@@ -12,7 +13,11 @@ One run, on one machine, every figure beside the others:
 - the FLOPs of that encode (``VisionTower.flops``: linear layers and attention) and so the GFLOP/s;
 - numpy's f32 matmul GFLOP/s on the same machine (``roofline.matmul_gflops``), the compute roof;
 - transformers' ``Qwen3VLVisionModel`` in fp32 and bf16 on the same weights (dequantized from the
-  file), timed the same way, and how far its output is from the engine's.
+  file), timed the same way, and how far its output is from the engine's (the engine quantizes the
+  activations of its Q8_0 matmuls to int8: ~1e-2 of the output's scale);
+- time to first token for one 640×480 picture and a question (``time_to_first_token``): preprocess
+  (resize, patches, template, tokenizer), tower, prefill of the expanded prompt (image pads included),
+  for the trained tiny VL model and for random weights with all the 2B shapes, each thread count fresh.
 
 Taught in day20_2.
 """
@@ -102,7 +107,7 @@ def photo(height: int = 480, width: int = 640, seed: int = 0) -> np.ndarray:
 
 def ttft_vqf(model: str, progress=None) -> Path:
     """The cached VQF of a TTFT row: the trained tiny VL model (Q4_0), or random weights with every shape
-    of Qwen3-VL-2B (text tower too: the prefill is timed). Taught in day20_2."""
+    of Qwen3-VL-2B (text tower too: the prefill is timed)."""
     if model == "qwen3-tiny-vl":
         return models.vqf("qwen3-tiny-vl", quant="q4_0", progress=progress)
     return models.vqf(config=configs_dir() / VL_CONFIG, quant="q4_0", name="qwen3-vl-2b-ttft", progress=progress)
@@ -112,7 +117,7 @@ def time_to_first_token(path, threads: int) -> dict:
     """Seconds from a 640×480 picture and a question to the first token's logits, in three parts:
     ``preprocess`` (resize, patches, chat template, tokenizer), ``tower`` (the vision encode) and
     ``prefill`` (the whole expanded prompt, the image pads included, through the language model).
-    A small picture goes through the same steps first (kernels compiled or loaded). Taught in day20_2."""
+    A small picture goes through the same steps first (kernels compiled or loaded)."""
     from kestrel_lab.engine.vl import open_engine
     from kestrel_lab.vision import preprocess as PP
     from kestrel_lab.vision import prompt as VP
