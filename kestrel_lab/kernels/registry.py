@@ -12,22 +12,22 @@ call       what it computes                                                signa
 ``swiglu`` ``silu(Wgate x) · (Wup x)`` of one token in one pass             ``fn(wg, wu, act, out)``
 ``layers`` every layer of one decode step in one numba call                ``fn(*args)`` (``step``)
 ``experts`` an MoE layer's chosen experts for T tokens, grouped by expert   ``fn(stack, act, groups, out)``
-``gemm``   ``out = X @ W.T + b`` (GELU) for hundreds of tokens (the vision   ``fn(w, act, out, bias, gelu)``
-           tower's 1,200 patches): Q8_0 an int8 GEMM (``kernels.q8gemm``), F32/F16 BLAS
+``gemm``   ``gelu?(X @ W.T + b)`` for hundreds of tokens (the vision tower's  ``fn(w, act, out, bias, gelu)``
+           1,200 patches): Q8_0 an int8 GEMM (``kernels.q8gemm``), F32/F16 BLAS
 =========  ==============================================================  ============================
 
-``w`` is a ``Linear`` (``.w``, ``.rows``, ``.nib``/``.sc``), ``act`` an ``Activation`` (``.x``,
-``.q8()``, ``.q8c()``, ``.x8x8()``). Every (layout, call) that exists has a **portable** kernel; an
-ISA-specific one (``isa="avx512_vnni"``, ``"dotprod"`` …) registers beside it and is chosen when the
-host has that feature (``host_features``): ``avx512_vnni``, then ``avx2``, for ``Q4_0_V16``,
-``dotprod`` (the A76's ``sdot``) for plain ``Q4_0``; ``avx512_vnni``, ``avx2`` and portable for the Q8_0
-``gemm``. The Q4_0 kernels are registered from the one table of
-variants (``kernels.variants``: layout, ISA, rows per group, kernels): a new Q4_0 variant (an 8-row
-VNNI layout, the A76's 4×4 layout) is one entry there; a new consumer (the vision tower's matmul with
-bias) or another layout's kernel is one ``@register`` away. ``qkv``/``swiglu`` fall back to separate ``one`` calls
-for layouts without a fused kernel. ``experts`` (Qwen3-MoE, ``engine.moe``): plain Q4_0 experts have a grouped
-kernel that reads the file's rows in place; the other layouts go expert by expert through their ``many`` kernels.
-Each ``Kernel`` counts its calls, so the bench and the provenance can say which ran.
+``w`` is a ``Linear`` (``.w``, ``.rows``, ``.nib``/``.sc``), ``act`` an ``Activation`` (``.x``, ``.q8()``,
+``.q8c()``, ``.x8x8()``). Every (layout, call) that exists has a **portable** kernel; an ISA-specific one
+(``isa="avx512_vnni"``, ``"dotprod"`` …) registers beside it and is chosen when the host has that feature
+(``host_features``): ``avx512_vnni``, then ``avx2``, for ``Q4_0_V16``, ``dotprod`` (the A76's ``sdot``) for
+plain ``Q4_0``; ``avx512_vnni``, ``avx2`` and portable for the Q8_0 ``gemm``. The Q4_0 kernels are registered
+from the one table of variants (``kernels.variants``: layout, ISA, rows per group, kernels): a new Q4_0
+variant (an 8-row VNNI layout, the A76's 4×4 layout) is one entry there; a new consumer or another layout's
+kernel is one ``@register`` away (the vision tower's int8 GEMM with its bias and GELU epilogue was).
+``qkv``/``swiglu`` fall back to separate ``one`` calls for layouts without a fused kernel. ``experts``
+(Qwen3-MoE, ``engine.moe``): plain Q4_0 experts have a grouped kernel that reads the file's rows in place; the
+other layouts go expert by expert through their ``many`` kernels. Each ``Kernel`` counts its calls, so the
+bench and the provenance can say which ran.
 Taught in day06_1 (host features), day06_3 (the table) and day07_1 (what the board would pick).
 """
 from __future__ import annotations
