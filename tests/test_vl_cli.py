@@ -106,6 +106,19 @@ def test_chat_image_command(vqf, pictures, capsys, monkeypatch):
     assert "image 1 attached" in out.err
 
 
+def test_time_to_first_token_of_the_tiny_vl_model():
+    from kestrel_lab.bench import vision as VB
+
+    r = VB.time_to_first_token(VB.ttft_vqf("qwen3-tiny-vl"), 1)
+    assert r["grid"] == [1, 30, 40] and r["image_tokens"] == 300 and r["tokens"] > 300
+    assert all(r[k] > 0 for k in ("preprocess", "tower", "prefill"))
+    assert abs(r["total"] - (r["preprocess"] + r["tower"] + r["prefill"])) < 1e-6
+    assert "TTFT qwen3-tiny-vl, 1 thread: preprocess" in VB.format_table(
+        {"threads": [1], "grid": [1, 30, 40], "vqf": "x.vqf", "matmul_gflops": 1.0, "ttft": {"qwen3-tiny-vl": {1: r}},
+         "engine": {1: {"tokens": 300, "flops": 1e12, "weight_qtypes": {"a": "Q8_0"}, "seconds": 1.0,
+                        "gflops": 1.0}}})
+
+
 def test_bench_vision_on_the_tiny_shapes(capsys):
     pytest.importorskip("torch", reason="the bench compares with PyTorch (requirements-ref.txt)")
     cfg = models.hf_checkpoint(arch="qwen3_vl") / "config.json"
@@ -118,6 +131,8 @@ def test_bench_vision_on_the_tiny_shapes(capsys):
     e = res["engine"]["1"]
     assert e["tokens"] == 300 and e["seconds"] > 0 and e["gflops"] > 0
     assert set(e["weight_qtypes"].values()) == {"Q8_0"}
-    # same weights (the Q8_0 matrices dequantized for PyTorch): only float rounding apart at fp32
-    assert res["torch"]["fp32"]["max_rel_diff_to_engine"] < 1e-4
+    # same weights (the Q8_0 matrices dequantized for PyTorch); the engine's int8 GEMM (kernels.q8gemm)
+    # quantizes the activations to Q8_0 once per matmul, which moves the output by ~1e-2 of its scale
+    # (before it, a float32 sgemm on the widened rows, it was float rounding only: < 1e-4)
+    assert res["torch"]["fp32"]["max_rel_diff_to_engine"] < 0.03
     assert res["torch"]["bf16"]["max_rel_diff_to_engine"] < 0.1

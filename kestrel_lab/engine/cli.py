@@ -177,7 +177,8 @@ def _register_bench(sub: argparse._SubParsersAction) -> None:
                    help="also time the engine on an SM4-encrypted copy of the model (default: $KESTREL_KEY_FILE)")
     b.add_argument("--vision", action="store_true",
                    help="time the Qwen3-VL vision tower instead: one 640×480 image at the 2B vision shapes "
-                        "(--config: a Qwen3-VL config.json), against PyTorch fp32/bf16 on the same weights")
+                        "(--config: a Qwen3-VL config.json), against PyTorch fp32/bf16 on the same weights; "
+                        "without --config also time to first token for a picture (tiny VL, 2B shapes)")
     b.set_defaults(func=_bench)
 
 

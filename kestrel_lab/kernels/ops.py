@@ -545,27 +545,6 @@ def _make_q4_0_kernels(signed: bool):
 
 
 @njit(cache=True)
-def dequant_rows_q8_0(w, wi, lut, r0, out):
-    """Rows ``r0 … r0+n−1`` of a Q8_0 matrix widened to float32 into ``out`` (n, K): value · block scale.
-
-    The tile of a "dequantize, then BLAS" matmul (registry call ``gemm``): for hundreds of tokens a
-    float32 sgemm on a widened tile of rows beats integer dot products row by row. Serial on purpose:
-    BLAS runs its own threads right after, and two thread pools taking turns on the same cores stall
-    each other (measured: attention 15× slower when numba-parallel softmax and BLAS alternate).
-    Taught in day19_2.
-    """
-    n, K = out.shape
-    nb = K // QK
-    for i in range(n):
-        row, rowi = w[r0 + i], wi[r0 + i]
-        for b in range(nb):
-            o = b * Q8_BYTES
-            d = lut[np.int32(row[o]) | (np.int32(row[o + 1]) << 8)]
-            for j in range(QK):
-                out[i, b * QK + j] = d * np.float32(rowi[o + 2 + j])
-
-
-@njit(cache=True)
 def dequant_rows_f16(w, lut, r0, out):
     """Rows ``r0 … r0+n−1`` of an F16 matrix (uint16 bits) widened to float32 into ``out`` (n, K)."""
     n, K = out.shape

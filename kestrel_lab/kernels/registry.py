@@ -12,21 +12,22 @@ call       what it computes                                                signa
 ``swiglu`` ``silu(Wgate x) · (Wup x)`` of one token in one pass             ``fn(wg, wu, act, out)``
 ``layers`` every layer of one decode step in one numba call                ``fn(*args)`` (``step``)
 ``experts`` an MoE layer's chosen experts for T tokens, grouped by expert   ``fn(stack, act, groups, out)``
-``gemm``   ``out = X @ W.T`` for hundreds of tokens: weight rows widened    ``fn(w, act, out)``
-           to float32 (≤ 16 MiB at a time), then a BLAS sgemm (the vision tower's 1,200 patches)
+``gemm``   ``gelu?(X @ W.T + b)`` for hundreds of tokens (the vision tower's  ``fn(w, act, out, bias, gelu)``
+           1,200 patches): Q8_0 an int8 GEMM (``kernels.q8gemm``), F32/F16 BLAS
 =========  ==============================================================  ============================
 
-``w`` is a ``Linear`` (``.w``, ``.rows``, ``.nib``/``.sc``), ``act`` an ``Activation`` (``.x``,
-``.q8()``, ``.q8c()``, ``.x8x8()``). Every (layout, call) that exists has a **portable** kernel; an
-ISA-specific one (``isa="avx512_vnni"``, ``"dotprod"`` …) registers beside it and is chosen when the
-host has that feature (``host_features``): ``avx512_vnni``, then ``avx2``, for ``Q4_0_V16``,
-``dotprod`` (the A76's ``sdot``) for plain ``Q4_0``. The Q4_0 kernels are registered from the one table of
-variants (``kernels.variants``: layout, ISA, rows per group, kernels): a new Q4_0 variant (an 8-row
-VNNI layout, the A76's 4×4 layout) is one entry there; a new consumer (the vision tower's matmul with
-bias) or another layout's kernel is one ``@register`` away. ``qkv``/``swiglu`` fall back to separate ``one`` calls
-for layouts without a fused kernel. ``experts`` (Qwen3-MoE, ``engine.moe``): plain Q4_0 experts have a grouped
-kernel that reads the file's rows in place; the other layouts go expert by expert through their ``many`` kernels.
-Each ``Kernel`` counts its calls, so the bench and the provenance can say which ran.
+``w`` is a ``Linear`` (``.w``, ``.rows``, ``.nib``/``.sc``), ``act`` an ``Activation`` (``.x``, ``.q8()``,
+``.q8c()``, ``.x8x8()``). Every (layout, call) that exists has a **portable** kernel; an ISA-specific one
+(``isa="avx512_vnni"``, ``"dotprod"`` …) registers beside it and is chosen when the host has that feature
+(``host_features``): ``avx512_vnni``, then ``avx2``, for ``Q4_0_V16``, ``dotprod`` (the A76's ``sdot``) for
+plain ``Q4_0``; ``avx512_vnni``, ``avx2`` and portable for the Q8_0 ``gemm``. The Q4_0 kernels are registered
+from the one table of variants (``kernels.variants``: layout, ISA, rows per group, kernels): a new Q4_0
+variant (an 8-row VNNI layout, the A76's 4×4 layout) is one entry there; a new consumer or another layout's
+kernel is one ``@register`` away (the vision tower's int8 GEMM with its bias and GELU epilogue was).
+``qkv``/``swiglu`` fall back to separate ``one`` calls for layouts without a fused kernel. ``experts``
+(Qwen3-MoE, ``engine.moe``): plain Q4_0 experts have a grouped kernel that reads the file's rows in place; the
+other layouts go expert by expert through their ``many`` kernels. Each ``Kernel`` counts its calls, so the
+bench and the provenance can say which ran.
 Taught in day06_1 (host features), day06_3 (the table) and day07_1 (what the board would pick).
 """
 from __future__ import annotations
@@ -38,7 +39,8 @@ from typing import Callable
 import numpy as np
 
 from kestrel_lab.kernels import ops as K
-from kestrel_lab.kernels import choice, step, variants
+from kestrel_lab.kernels import choice, q8gemm, step, variants
+from kestrel_lab.kernels import vision as VK
 from kestrel_lab.kernels.host import host_features
 
 CALLS = ("one", "many", "qkv", "swiglu", "layers", "experts", "gemm")
@@ -287,13 +289,23 @@ for _layout in ("F32", "F16", "Q8_0", "Q4_8X8L"):
     register(_layout, "experts", name="experts_by_expert")(_experts_by_expert)
 
 
-# --------------------------------------------------------------------------- gemm: widen a tile, then BLAS
-# For T of hundreds (an image's patches) a float32 sgemm on a widened tile of weight rows is several
-# times faster than integer dot products row by row, and more exact (activations are not quantized).
+# --------------------------------------------------------------------------- gemm: hundreds of tokens
+# ``fn(w, act, out, bias=None, gelu=False)``: ``out = gelu_tanh?(act.x @ W.T + bias)``, the epilogue fused
+# where the kernel can. Q8_0 (the vision tower's block matrices): the int8 GEMM of ``kernels.q8gemm``
+# (activations quantized to Q8_0 once per call; ``vpdpbusd``, AVX2 or the portable twin, which give the
+# same bits). F32/F16: a BLAS sgemm (F16 rows widened a tile at a time), then bias and GELU.
 # The text engine never calls it: its prefill results stay those of the "many" kernels.
+def _epilogue(out, bias, gelu):
+    if bias is not None:
+        VK.add_bias(out, bias)
+    if gelu:
+        VK.gelu_tanh(out)
+
+
 @register("F32", "gemm", name="numpy_matmul_f32")
-def _f32_gemm(w, act, out):
+def _f32_gemm(w, act, out, bias=None, gelu=False):
     np.matmul(act.x, w.w.T, out=out)
+    _epilogue(out, bias, gelu)
 
 
 def _tiled_gemm(w, act, out, widen):
@@ -308,14 +320,20 @@ def _tiled_gemm(w, act, out, widen):
             np.matmul(act.x, tile[:n].T, out=out[:, r0:r0 + n])
 
 
-@register("Q8_0", "gemm", name="widened_sgemm_q8_0")
-def _q8_gemm(w, act, out):
-    _tiled_gemm(w, act, out, lambda r0, t: K.dequant_rows_q8_0(w.w, w.w.view(np.int8), K.F16_TO_F32, r0, t))
-
-
 @register("F16", "gemm", name="widened_sgemm_f16")
-def _f16_gemm(w, act, out):
+def _f16_gemm(w, act, out, bias=None, gelu=False):
     _tiled_gemm(w, act, out, lambda r0, t: K.dequant_rows_f16(w.w, K.F16_TO_F32, r0, t))
+    _epilogue(out, bias, gelu)
+
+
+def _q8_gemm(form: str):
+    def fn(w, act, out, bias=None, gelu=False):
+        q8gemm.gemm(form, w, act.x, out, bias, gelu)
+    return fn
+
+
+for _isa, _form in (("avx512_vnni", "vnni"), ("avx2", "avx2"), (PORTABLE, "portable")):
+    register("Q8_0", "gemm", _isa, name=f"int8_gemm_q8_0_{_form}")(_q8_gemm(_form))
 
 
 for _variant in variants.VARIANTS:        # in table order: ``select`` takes the first ISA kernel that fits

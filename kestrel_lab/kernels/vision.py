@@ -13,13 +13,15 @@ The text tower uses RMSNorm and SiLU; the ViT of Qwen3-VL uses what a ViT uses:
 - ``add_bias``: every ``Linear`` of the tower has a bias (the text tower's have none);
 - ``softmax_rows``: in place over the last axis, max subtracted (the attention scores of one head).
 
-- ``attend_bidirectional``: the attention of every patch over its own image, fused (no n×n matrix).
+- ``attend_bidirectional``: the attention of every patch over its own image, fused (no n×n matrix), one
+  query and one key at a time — the plain version; the tower runs ``kernels.vit_attention``'s tiles.
 
-The element-wise kernels are serial on purpose: the tower's linear layers are BLAS sgemms (``registry``
-call ``gemm``, the mergers), which run OpenBLAS's own threads, and a numba-parallel kernel between two
-BLAS calls makes the two thread pools take turns on the same cores and stall each other (measured on 2
-cores: attention of 320 patches 15× slower when a parallel softmax ran between per-head BLAS calls).
-Only the attention is parallel: one region per block. Taught in day19_2.
+The element-wise kernels are serial on purpose: some of the tower's linear layers are BLAS sgemms (the
+patch embedding, the mergers, the block matrices of an F32 file), which run OpenBLAS's own threads, and
+a numba-parallel kernel between two BLAS calls makes the two thread pools take turns on the same cores
+and stall each other (measured on 2 cores: attention of 320 patches 15× slower when a parallel softmax
+ran between per-head BLAS calls). Q8_0 block matrices go through ``kernels.q8gemm`` (numba threads).
+Taught in day19_2.
 """
 from __future__ import annotations
 
@@ -54,6 +56,14 @@ def layernorm(x, w, b, eps, out):
             out[t, i] = (x[t, i] - m32) * inv32 * w[i] + b[i]
 
 
+@njit(cache=True, inline="always")
+def gelu_tanh_scalar(v):
+    """One float32 through the tanh GELU: the operations of ``gelu_tanh``, shared with the fused epilogue
+    of ``kernels.q8gemm`` so that fused and unfused give the same bits."""
+    c = np.float32(SQRT_2_OVER_PI)
+    return np.float32(0.5) * v * (np.float32(1.0) + np.tanh(c * (v + np.float32(0.044715) * v * v * v)))
+
+
 @njit(cache=True)
 def gelu_tanh(x):
     """In place: ``0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³)))`` (PyTorch ``gelu(approximate="tanh")``).
@@ -61,11 +71,9 @@ def gelu_tanh(x):
     Taught in day19_2.
     """
     T, D = x.shape
-    c = np.float32(SQRT_2_OVER_PI)
     for t in range(T):
         for i in range(D):
-            v = x[t, i]
-            x[t, i] = np.float32(0.5) * v * (np.float32(1.0) + np.tanh(c * (v + np.float32(0.044715) * v * v * v)))
+            x[t, i] = gelu_tanh_scalar(x[t, i])
 
 
 @njit(cache=True)
@@ -113,8 +121,9 @@ def attend_bidirectional(q, k, v, seg_start, seg_end, out):
     ``q``/``k``/``v`` (heads, N, D) float32 (rotated q and k); ``seg_start[i]``/``seg_end[i]`` the
     rows of patch i's image; ``out`` (heads, N, D). Scores ``q·k/√D``, softmax with the maximum
     subtracted, weighted sum of values — one (head, patch) pair per work item, so the n×n score
-    matrix is never stored. The one parallel kernel of the tower: a single region per block, not one
-    per head between BLAS calls (which made the two thread pools stall each other). Taught in day19_2.
+    matrix is never stored. A single parallel region per block, not one per head between BLAS calls
+    (which made the two thread pools stall each other). The plain version: the tower runs
+    ``kernels.vit_attention.attend_segments_tiled``, and the tests compare the two.
     """
     H, N, D = q.shape
     scale = np.float32(1.0 / math.sqrt(D))

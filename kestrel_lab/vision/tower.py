@@ -17,11 +17,12 @@ Exactly transformers' ``Qwen3VLVisionModel.forward`` (5.24), in this order:
 6. the **main merger**: LayerNorm per patch, 2×2 concat, fc1 → exact GELU → fc2.
 
 Weights are read where the VQF put them: the four block matrices (qkv, proj, fc1, fc2) in the file's
-qtype — Q8_0 in a quantized file, as the article's — through the engine's kernel registry: for an image
-(≥ ``GEMM_MIN_ROWS`` patches) its ``gemm`` call widens the Q8_0 matrix to float32 (16 MiB of rows at a
-time: a whole matrix of the 2B tower) and multiplies with BLAS (activations stay float32; several times faster
-than integer dots at 1,200 rows), for a handful of rows the ``many`` call (activations quantized to Q8_0 per row,
-as the text engine does). Everything else is F32 (numpy matmuls).
+qtype — Q8_0 in a quantized file, as the article's — through the engine's kernel registry's ``gemm``
+call: for Q8_0 the int8 GEMM of ``kernels.q8gemm`` (the activations quantized to Q8_0 once per matmul,
+the weights regrouped 16 rows at a time when the tower is built, ``vpdpbusd`` on an AVX-512 VNNI host,
+``vpmaddubsw`` on AVX2, a portable twin elsewhere, with the bias — and for fc1 the tanh GELU — applied as
+each tile is written). The attention is ``kernels.vit_attention.attend_segments_tiled``: register tiles of
+queries × keys inside each image, never the n×n matrix. Everything else is F32 (numpy matmuls).
 Shapes come from ``vqf.layout.vision_specs``. Taught in day19_1, day19_2, day20_1 and day20_2.
 """
 from __future__ import annotations
@@ -34,8 +35,9 @@ import numpy as np
 from kestrel_lab import quant as Q
 from kestrel_lab import seam
 from kestrel_lab.config import ModelConfig
-from kestrel_lab.kernels import registry
+from kestrel_lab.kernels import q8gemm, registry
 from kestrel_lab.kernels import vision as VK
+from kestrel_lab.kernels import vit_attention as VA
 from kestrel_lab.kernels.linear import Activation, Linear
 from kestrel_lab.kernels.rope import apply_rope
 from kestrel_lab.threads import numba_threads, resolve_threads
@@ -45,7 +47,6 @@ from kestrel_lab.vqf.layout import vision_specs
 LN_EPS = 1e-6          # hard-coded in transformers' vision blocks and mergers
 VISION_THETA = 10000.0  # the vision RoPE's theta (transformers' default_theta; no config key)
 BLOCK_MATRICES = ("v_q8_qkv", "v_q8_proj", "v_q8_fc1", "v_q8_fc2")
-GEMM_MIN_ROWS = 64       # from this many patches on, block matrices use the registry's "gemm" call
 
 
 @dataclass
@@ -165,27 +166,29 @@ def attend_segments(q: np.ndarray, k: np.ndarray, v: np.ndarray, cu: np.ndarray)
     """Bidirectional multi-head attention inside each segment: q, k, v (N, heads, D) → (N, heads·D).
 
     Scores ``q·k/√D`` for every pair of patches of the same segment (no causal mask), softmax over
-    keys, weighted sum of values: ``kernels.vision.attend_bidirectional``, fused, one (head, patch) pair per
-    work item, so the n×n score matrix is never stored (measured 3.6× faster than per-head numpy
-    matmuls + softmax at 1,200 patches on 2 cores). Taught in day19_2.
+    keys, weighted sum of values: ``kernels.vit_attention.attend_segments_tiled``, tiles of 8 queries ×
+    16 keys kept in registers, one (head, query tile) per work item, so the n×n score matrix is never
+    stored. (``kernels.vision.attend_bidirectional``, one (head, patch) pair and one key at a time, is
+    the plain version the lesson writes first.) Taught in day19_2.
     """
-    N, H, D = q.shape
-    qh, kh, vh = (np.ascontiguousarray(a.transpose(1, 0, 2)) for a in (q, k, v))
-    lens = np.diff(cu)
-    start, end = np.repeat(cu[:-1], lens), np.repeat(cu[1:], lens)
-    out = np.empty((H, N, D), np.float32)
-    VK.attend_bidirectional(qh, kh, vh, start, end, out)
-    return np.ascontiguousarray(out.transpose(1, 0, 2)).reshape(N, H * D)
+    return VA.attend_segments_tiled(q, k, v, cu)
 
 
-def matmul(w: Linear, x: np.ndarray) -> np.ndarray:
-    """``x @ W.T`` (T, rows) float32 with the registry's kernel for the weight's layout: ``gemm`` for
-    ``T ≥ GEMM_MIN_ROWS`` where one is registered, else ``many``/``one``. Taught in day19_2."""
-    k = registry.select(w.layout, "gemm") if x.shape[0] >= GEMM_MIN_ROWS else None
+def matmul(w: Linear, x: np.ndarray, bias: np.ndarray | None = None, gelu: bool = False) -> np.ndarray:
+    """``gelu_tanh?(x @ W.T + bias)`` (T, rows) float32 with the registry's ``gemm`` kernel for the weight's
+    layout (bias and GELU fused into its epilogue), else ``many``/``one`` and the epilogue after.
+
+    Taught in day19_2."""
+    k = registry.select(w.layout, "gemm")
     if k is None:
-        return w(Activation(x))
+        out = w(Activation(x))
+        if bias is not None:
+            VK.add_bias(out, bias)
+        if gelu:
+            VK.gelu_tanh(out)
+        return out
     out = np.empty((x.shape[0], w.rows), np.float32)
-    k(w, Activation(x), out)
+    k(w, Activation(x), out, bias, gelu)
     return out
 
 
@@ -249,6 +252,8 @@ class VisionTower:
                 bpr = t.data.size // t.rows
                 data = t.data.reshape(-1)[layer * rows * bpr:(layer + 1) * rows * bpr]
                 mats[name] = Linear(t.qtype, rows, t.cols, data, f"{name}[{layer}]")
+                if t.qtype == Q.Q8_0.id:
+                    q8gemm.pack(mats[name])      # the int8 GEMM's 16-row groups, made once here
             self.blocks.append(mats)
         self.merger = dict(norm=f32("v_merger_norm")[0], norm_b=f32("v_merger_norm_b")[0],
                            fc1=f32("v_merger_fc1"), fc1_b=f32("v_merger_fc1_b")[0],
@@ -297,23 +302,16 @@ class VisionTower:
         H, D = self.heads, self.head_dim
         y = np.empty_like(x)
         VK.layernorm(x, self.norm1[layer], self.norm1_b[layer], LN_EPS, y)
-        qkv = matmul(m["v_q8_qkv"], y)
-        VK.add_bias(qkv, self.qkv_b[layer])
+        qkv = matmul(m["v_q8_qkv"], y, self.qkv_b[layer])
         qkv = qkv.reshape(N, 3, H, D)
         q, k, v = (np.ascontiguousarray(qkv[:, i]) for i in range(3))
         apply_rope(q, cos, sin)
         apply_rope(k, cos, sin)
         o = attend_segments(q, k, v, cu)
-        a = matmul(m["v_q8_proj"], o)
-        VK.add_bias(a, self.proj_b[layer])
-        x += a
+        x += matmul(m["v_q8_proj"], o, self.proj_b[layer])
         VK.layernorm(x, self.norm2[layer], self.norm2_b[layer], LN_EPS, y)
-        g = matmul(m["v_q8_fc1"], y)
-        VK.add_bias(g, self.fc1_b[layer])
-        VK.gelu_tanh(g)
-        f = matmul(m["v_q8_fc2"], g)
-        VK.add_bias(f, self.fc2_b[layer])
-        x += f
+        g = matmul(m["v_q8_fc1"], y, self.fc1_b[layer], gelu=True)
+        x += matmul(m["v_q8_fc2"], g, self.fc2_b[layer])
 
     def merge_tokens(self, x: np.ndarray, m: dict, postshuffle: bool) -> np.ndarray:
         """A patch merger: LayerNorm (per patch, or after the 2×2 concat when ``postshuffle``), then
