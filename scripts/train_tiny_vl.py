@@ -129,10 +129,7 @@ class Prompts:
 
     def __init__(self, tok: Tokenizer):
         self.tok = tok
-        text = ("<|im_start|>user\n<|vision_start|>" + "<|image_pad|>" * N_IMAGE_TOKENS
-                + f"<|vision_end|>{synthetic.QUESTION}<|im_end|>\n<|im_start|>assistant\n")
-        self.prompt = tok.encode(text)
-        assert self.prompt.count(IMAGE_PAD) == N_IMAGE_TOKENS and self.prompt[0] == IM_START
+        self.prompt = self.prompt_for(N_IMAGE_TOKENS)   # the 256×256 pictures of synthetic.sample
         self.answers = {}
         for c in synthetic.COLOURS:
             for s in synthetic.SHAPES:
@@ -144,12 +141,27 @@ class Prompts:
         used.discard(IMAGE_PAD)   # overwritten by the merger output: its row is never read
         self.used = sorted(used)
 
+    def prompt_for(self, n_pads: int) -> list[int]:
+        """The prompt of a picture that becomes ``n_pads`` LLM tokens (grid t·h·w / merge²)."""
+        text = ("<|im_start|>user\n<|vision_start|>" + "<|image_pad|>" * n_pads
+                + f"<|vision_end|>{synthetic.QUESTION}<|im_end|>\n<|im_start|>assistant\n")
+        ids = self.tok.encode(text)
+        assert ids.count(IMAGE_PAD) == n_pads and ids[0] == IM_START
+        return ids
+
+
+def n_pads(grid_row) -> int:
+    """LLM tokens of one picture: its (t, h, w) patch grid over the 2×2 merge."""
+    t, h, w = (int(v) for v in grid_row)
+    return t * h * w // (MERGE * MERGE)
+
 
 class Batcher:
     """Pictures → pixel_values / image_grid_thw (transformers' PIL processor) and token batches."""
 
-    def __init__(self, prompts: Prompts):
+    def __init__(self, prompts: Prompts, drawer: str = "default"):
         self.p = prompts
+        self.drawer = drawer
         self.proc = Qwen2VLImageProcessorPil(
             size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS}, patch_size=PATCH,
             temporal_patch_size=TEMPORAL, merge_size=MERGE, image_mean=[0.5] * 3, image_std=[0.5] * 3)
@@ -158,16 +170,28 @@ class Batcher:
         out = self.proc(images=images, return_tensors="pt")
         return out["pixel_values"].float(), out["image_grid_thw"]
 
+    def draw(self, seed: int):
+        """(picture, answer) of a training seed from this batcher's drawer."""
+        if self.drawer == "wide":
+            smp = synthetic.sample_wide(seed)
+            return smp.image, smp.answer
+        return synthetic.draw(seed)
+
     def batch(self, seeds: list[int]) -> dict:
-        samples = [synthetic.sample(s) for s in seeds]
-        pv, grid = self.pixels([s.image for s in samples])
-        seqs = [self.p.prompt + self.p.answers[s.answer] for s in samples]
-        n = self.p.max_len   # one shape for every batch: no re-planning of kernels per length
+        return self.batch_of([self.draw(s) for s in seeds])
+
+    def batch_of(self, pairs) -> dict:
+        """A training batch of (picture, answer) pairs; right-padded to the longest sequence (at least
+        the 256×256 length, so the default drawer's batches all have one shape)."""
+        pv, grid = self.pixels([im for im, _ in pairs])
+        prompts = [self.p.prompt_for(n_pads(g)) for g in grid]
+        seqs = [pr + self.p.answers[a] for pr, (_, a) in zip(prompts, pairs)]
+        n = max([self.p.max_len] + [len(sq) for sq in seqs])
         ids = torch.full((len(seqs), n), ENDOFTEXT, dtype=torch.long)
         labels = torch.full((len(seqs), n), -100, dtype=torch.long)
-        for i, sq in enumerate(seqs):
+        for i, (pr, sq) in enumerate(zip(prompts, seqs)):
             ids[i, :len(sq)] = torch.tensor(sq)
-            labels[i, len(self.p.prompt):len(sq)] = torch.tensor(sq[len(self.p.prompt):])
+            labels[i, len(pr):len(sq)] = torch.tensor(sq[len(pr):])
         # right padding after the answer: causal attention never lets a real token see it
         return {"input_ids": ids, "labels": labels, "pixel_values": pv, "image_grid_thw": grid,
                 "mm_token_type_ids": (ids == IMAGE_PAD).int()}
@@ -273,10 +297,12 @@ def param_counts(model) -> dict:
 
 # ----------------------------------------------------------------------------- evaluation
 @torch.no_grad()
-def greedy(model, batcher: Batcher, seed: int, max_new: int = 24) -> list[int]:
-    smp = synthetic.sample(seed)
-    pv, grid = batcher.pixels([smp.image])
-    ids = torch.tensor([batcher.p.prompt])
+def greedy(model, batcher: Batcher, image, max_new: int = 24) -> list[int]:
+    """transformers' greedy continuation (ids) for one picture (a seed of synthetic.sample or a PIL image)."""
+    if not hasattr(image, "size"):
+        image = synthetic.sample(image).image
+    pv, grid = batcher.pixels([image])
+    ids = torch.tensor([batcher.p.prompt_for(n_pads(grid[0]))])
     out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pv,
                          image_grid_thw=grid, mm_token_type_ids=(ids == IMAGE_PAD).int(),
                          max_new_tokens=max_new, do_sample=False, eos_token_id=[IM_END, ENDOFTEXT],

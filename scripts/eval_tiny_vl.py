@@ -1,0 +1,229 @@
+"""Evaluate qwen3-tiny-vl on both held-out sets, transformers and the engine side by side.
+
+Two sets: today's held-out pictures (``synthetic.heldout_seeds()``, the training drawer on seeds and
+combinations training never used) and the independent set (``independent.evaluation_set()``, a
+second drawer written for this: other code, colours, sizes, picture sizes, JPEG). For each picture:
+
+- transformers (the reference): the checkpoint loaded in float32, greedy ``generate`` (the training
+  script's ``greedy``: its prompt, its pixel processor);
+- the numba engine on the VQF files at each quant (``tiny_vl_agreement.answer``: ``load_image``,
+  ``encode_vl_chat``, greedy), compared with transformers token for token.
+
+Each answer is parsed back into (colour, shape, position) and scored exactly and per field; the
+totals go by field, size band, picture size, style, background and JPEG, with the confusion tables
+(``independent.tally``). Writes independent.json beside heldout.json (atomically: per independent item
+the drawer's parameters, expected and answered text, the fields; both sets' tables; the agreement per
+quant; commit, machine, seconds) and the README section between its markers.
+
+    nice -n 10 python scripts/eval_tiny_vl.py [--quants f32,q8_0,q4_0] [--limit N] [--model DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+for _p in (REPO, REPO / "scripts"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+from kestrel_lab import machine, models  # noqa: E402
+from kestrel_lab.atomic import atomic_write, write_json  # noqa: E402
+from kestrel_lab.measure import utc_now  # noqa: E402
+from kestrel_lab.vision import independent, synthetic  # noqa: E402
+
+MODEL_DIR = REPO / "data" / "models" / "qwen3-tiny-vl"
+OUT_NAME = "independent.json"
+BEGIN = "<!-- independent-eval:begin (written by scripts/eval_tiny_vl.py) -->"
+END = "<!-- independent-eval:end -->"
+HEADING = "## A second, independent drawer"
+IM_END = 151645
+
+
+def _rows(kind: str, limit: int | None) -> list[dict]:
+    """The items of one set as rows: picture-making parameters and the expected combination."""
+    if kind == "heldout":
+        seeds = synthetic.heldout_seeds()
+        seeds = seeds[:limit] if limit else seeds
+        return [{"seed": s, "expected": list(synthetic.combo_of(s)),
+                 "unseen": str(synthetic.combo_of(s) in synthetic.HELDOUT_COMBOS).lower(),
+                 "picture": f"{synthetic.SIZE}×{synthetic.SIZE}"} for s in seeds]
+    items = independent.evaluation_set()
+    if limit:   # a quick look: spread over the set, so every band shows
+        items = items[::max(1, len(items) // limit)][:limit]
+    return [{**it.params(), "expected": list(it.combo), "picture": it.picture_label,
+             "jpeg": "jpeg" if it.jpeg_quality else "png"} for it in items]
+
+
+def _image(kind: str, row: dict):
+    return synthetic.sample(row["seed"]).image if kind == "heldout" else independent.render(
+        independent.item(row["index"]))
+
+
+def run_transformers(kind: str, rows: list[dict], model, batcher, tok, log) -> float:
+    """Fill each row with transformers' greedy answer and its score; returns the seconds."""
+    from train_tiny_vl import greedy
+
+    t0 = time.perf_counter()
+    for k, r in enumerate(rows):
+        ids = greedy(model, batcher, _image(kind, r))
+        r["got_ids"] = ids
+        r["got"] = tok.decode([t for t in ids if t != IM_END])
+        r.update(independent.score(tuple(r["expected"]), r["got"], ids[-1:] == [IM_END]))
+        r["expected_text"] = synthetic.answer_for(*r["expected"])
+        if (k + 1) % 60 == 0:
+            log(f"transformers {kind} {k + 1}/{len(rows)}: {sum(x['exact'] for x in rows[:k + 1])} exact")
+    return round(time.perf_counter() - t0, 1)
+
+
+def run_engine(quant: str, sets: dict, tok, log, model_dir: Path = MODEL_DIR) -> dict:
+    """The engine at one quant on every row of every set: exact answers and agreement with transformers."""
+    from tiny_vl_agreement import answer
+
+    from kestrel_lab.engine.vl import open_engine
+    from kestrel_lab.vision.preprocess import load_image
+
+    src = "qwen3-tiny-vl" if model_dir.resolve() == MODEL_DIR.resolve() else model_dir
+    eng = open_engine(models.vqf(src, quant=quant), max_context=1024)
+    out = {}
+    for kind, rows in sets.items():
+        t0 = time.perf_counter()
+        agree = exact = 0
+        differ = []
+        for r in rows:
+            image = load_image(_image(kind, r), vision=eng.config.vision)
+            ids = answer(eng, tok, image, synthetic.QUESTION)
+            text = tok.decode([i for i in ids if i != IM_END])
+            sc = independent.score(tuple(r["expected"]), text, ids[-1:] == [IM_END])
+            same = ids == r["got_ids"]
+            agree += same
+            exact += sc["exact"]
+            r.setdefault("engine_same", {})[quant] = same
+            if not same:
+                differ.append({"id": r.get("seed", r.get("index")), "transformers": r["got"], "engine": text})
+        n = len(rows)
+        out[kind] = {"n": n, "agree": agree, "agreement": agree / n, "exact": exact, "accuracy": exact / n,
+                     "transformers_accuracy": sum(r["exact"] for r in rows) / n,
+                     "seconds": round(time.perf_counter() - t0, 1), "disagreements": differ}
+        log(f"engine {quant} {kind}: {agree}/{n} same ids, {exact} exact, {out[kind]['seconds']} s")
+    return out
+
+
+def pct(x) -> str:
+    return "—" if x is None else f"{100 * x:.1f} %"
+
+
+def _share_table(title: str, shares: dict) -> list[str]:
+    lines = [f"| {title} | items | exact | colour | shape | position |", "|---|---|---|---|---|---|"]
+    for k, v in shares.items():
+        lines.append(f"| {k} | {v['n']} | {v['exact']} ({pct(v['accuracy'])}) | {pct(v['colour'])} "
+                     f"| {pct(v['shape'])} | {pct(v['position'])} |")
+    return lines
+
+
+def readme_section(doc: dict) -> str:
+    """The README's section on both sets (between BEGIN and END), every figure from ``doc``."""
+    ind, ho, p = doc["independent"], doc["heldout"], doc["provenance"]
+    t = ind["transformers"]
+    lines = _share_table("set (transformers, F32)", {
+        "today's held-out (training drawer)": ho["transformers"]["overall"],
+        "independent drawer": t["overall"]}) + [""]
+    lines += _share_table("independent: size band", t["by"]["band"]) + [""]
+    lines += _share_table("independent: picture", t["by"]["picture"]) + [""]
+    for f in independent.FIELDS:
+        lines += [independent.confusion_markdown(t["confusion"][f], f"{f}: drawn \\ answered"), ""]
+    eng = ["| VQF | set | items | same ids as transformers | engine exact |", "|---|---|---|---|---|"]
+    for q, sets in doc["engine"].items():
+        for kind, r in sets.items():
+            eng.append(f"| {q.upper()} | {kind} | {r['n']} | {r['agree']} ({pct(r['agreement'])}) "
+                       f"| {r['exact']} ({pct(r['accuracy'])}) |")
+    lines += eng + ["", f"Computed by `scripts/eval_tiny_vl.py` at commit {p['commit']} on {p['machine']} "
+                    f"({p['seconds']:.0f} s, {p['date']}); every independent item, with the drawer's parameters "
+                    "and both answers, is in `independent.json`."]
+    return "\n".join(lines)
+
+
+def rewrite_readme(readme: Path, doc: dict) -> None:
+    text = readme.read_text(encoding="utf-8")
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{readme}: the markers {BEGIN!r} … {END!r} are missing; add them under {HEADING!r}")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    with atomic_write(readme, "w") as fh:
+        fh.write(head + BEGIN + "\n" + readme_section(doc) + "\n" + END + tail)
+
+
+def evaluate(model_dir: Path, quants: list[str], limit: int | None, log=print,
+             engine_sets: tuple[str, ...] = ("heldout", "independent")) -> dict:
+    """Both sets through transformers and the engine; the document independent.json holds."""
+    import torch
+    from train_tiny_vl import Batcher, Prompts
+    from transformers import Qwen3VLForConditionalGeneration
+
+    from kestrel_lab.vocab import Tokenizer
+
+    t0 = time.perf_counter()
+    tok = Tokenizer.default()
+    batcher = Batcher(Prompts(tok))
+    model = Qwen3VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    sets = {kind: _rows(kind, limit) for kind in ("heldout", "independent")}
+    secs = {kind: run_transformers(kind, rows, model, batcher, tok, log) for kind, rows in sets.items()}
+    engine = {q: run_engine(q, {k: v for k, v in sets.items() if k in engine_sets}, tok, log, model_dir)
+              for q in quants}
+    fp = machine.fingerprint()
+    cpu = fp["clusters"][0]["model"] if fp.get("clusters") else platform.processor()
+    keep = ("index", "colour", "colour_name", "rgb", "shape", "position", "band", "width_px", "picture",
+            "centre", "rotation_deg", "background", "background_rgb", "style", "outline_px", "jpeg_quality",
+            "expected_text", "got", "got_ids", "answered", "exact", "fields", "engine_same")
+    return {
+        "what": "qwen3-tiny-vl greedy answers to 「图里有什么？」 on two held-out sets: transformers (F32, the "
+                "reference) and the engine per VQF quant",
+        "question": synthetic.QUESTION, "quants": quants, "limit": limit, "engine_sets": list(engine_sets),
+        "heldout": {"drawer": "kestrel_lab.vision.synthetic.heldout_seeds()",
+                    "transformers": independent.tally(sets["heldout"], by=("unseen",)),
+                    "transformers_seconds": secs["heldout"]},
+        "independent": {"drawer": "kestrel_lab.vision.independent.evaluation_set()",
+                        "transformers": independent.tally(sets["independent"]),
+                        "transformers_seconds": secs["independent"],
+                        "items": [{k: r[k] for k in keep if k in r} for r in sets["independent"]]},
+        "engine": engine,
+        "provenance": {"script": "scripts/eval_tiny_vl.py", "commit": machine.git_commit(), "date": utc_now(),
+                       "machine": f"{cpu}, {fp['arch']}, {fp['cores']} logical CPUs",
+                       "seconds": round(time.perf_counter() - t0, 1), "python": platform.python_version(),
+                       "model": str(model_dir.relative_to(REPO)) if model_dir.is_relative_to(REPO) else str(model_dir)},
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=Path, default=MODEL_DIR)
+    ap.add_argument("--quants", default="f32,q8_0,q4_0")
+    ap.add_argument("--engine-sets", default="heldout,independent",
+                    help="the sets the engine runs (transformers always runs both); today's held-out set is also "
+                    "checked by scripts/tiny_vl_agreement.py")
+    ap.add_argument("--limit", type=int, default=None,
+                    help="only N items of each set (a quick look: nothing is written)")
+    a = ap.parse_args(argv)
+    quants = [q.strip() for q in a.quants.split(",") if q.strip()]
+    sets = tuple(k.strip() for k in a.engine_sets.split(",") if k.strip())
+    bad = [k for k in sets if k not in ("heldout", "independent")]
+    if bad:
+        raise SystemExit(f"--engine-sets: unknown set(s) {bad}; the sets are heldout, independent")
+    doc = evaluate(a.model.resolve(), quants, a.limit, log=lambda m: print(m, file=sys.stderr, flush=True),
+                   engine_sets=sets)
+    print(readme_section(doc))
+    if a.limit:
+        print("(--limit: nothing written)", file=sys.stderr)
+        return 0
+    write_json(a.model / OUT_NAME, doc)
+    if (a.model / "README.md").is_file():
+        rewrite_readme(a.model / "README.md", doc)
+    print(f"wrote {a.model / OUT_NAME} and the README section", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
