@@ -38,7 +38,7 @@ COLOURS: dict[str, tuple[tuple[str, tuple[int, int, int]], ...]] = {
     "橙": (("orange", (255, 165, 0)), ("darkorange", (255, 140, 0)), ("pure orange", (255, 128, 0)),
           ("orange3", (205, 133, 0))),
     "黄": (("pure yellow", (255, 255, 0)), ("gold", (255, 215, 0)), ("yellow3", (205, 205, 0)),
-          ("goldenrod1", (255, 193, 37))),
+          ("yellow2", (238, 238, 0))),
     "绿": (("green", (0, 128, 0)), ("pure green", (0, 255, 0)), ("forestgreen", (34, 139, 34)),
           ("limegreen", (50, 205, 50))),
     "蓝": (("pure blue", (0, 0, 255)), ("royalblue", (65, 105, 225)), ("dodgerblue", (30, 144, 255)),
