@@ -190,3 +190,37 @@ def test_score_and_tally_on_a_tiny_fake():
     assert sum(map(sum, shape["counts"])) == len(rows)
     md = ind.confusion_markdown(shape)
     assert md.splitlines()[0].startswith("| drawn \\ answered | 圆") and len(md.splitlines()) == 2 + 4
+
+
+def _eval_script():
+    import importlib.util
+
+    from kestrel_lab.paths import REPO_ROOT
+
+    spec = importlib.util.spec_from_file_location("eval_tiny_vl", REPO_ROOT / "scripts" / "eval_tiny_vl.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_eval_readme_section_from_a_fake_run(tmp_path):
+    ev = _eval_script()
+    rows = [_row(("红", "圆", "左上角"), "左上角有一个红色的圆。", band="24-39 px", picture="256×256"),
+            _row(("橙", "圆", "左上角"), "左上角有一个黄色的圆。", band="40-69 px", picture="320×240")]
+    doc = {"heldout": {"transformers": ind.tally(rows[:1], by=())},
+           "independent": {"transformers": ind.tally(rows)},
+           "engine": {"q4_0": {"independent": {"n": 2, "agree": 1, "agreement": 0.5, "exact": 1, "accuracy": 0.5}}},
+           "provenance": {"commit": "abc", "machine": "m", "seconds": 3.0, "date": "d"}}
+    text = ev.readme_section(doc)
+    assert "| independent drawer | 2 | 1 (50.0 %) | 50.0 % | 100.0 % | 100.0 % |" in text
+    assert "| 40-69 px | 1 | 0 (0.0 %) | 0.0 % |" in text and "| 320×240 | 1 |" in text
+    assert "| Q4_0 | independent | 2 | 1 (50.0 %) | 1 (50.0 %) |" in text
+    assert "| 橙 | 0 | 0 | 1 | 0 | 0 | 0 | 0 |" in text    # colour confusion: orange answered yellow
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# m\n\n{ev.BEGIN}\nold\n{ev.END}\ntail\n", encoding="utf-8")
+    ev.rewrite_readme(readme, doc)
+    new = readme.read_text(encoding="utf-8")
+    assert "old" not in new and text in new and new.endswith(f"{ev.END}\ntail\n")
+    readme.write_text("# no markers\n", encoding="utf-8")
+    with pytest.raises(SystemExit, match="README.md: the markers"):
+        ev.rewrite_readme(readme, doc)
