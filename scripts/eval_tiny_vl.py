@@ -20,6 +20,7 @@ quant; commit, machine, seconds) and the README section between its markers.
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import sys
 import time
@@ -47,7 +48,8 @@ def _rows(kind: str, limit: int | None) -> list[dict]:
     """The items of one set as rows: picture-making parameters and the expected combination."""
     if kind == "heldout":
         seeds = synthetic.heldout_seeds()
-        seeds = seeds[:limit] if limit else seeds
+        if limit:   # the training script's choice for --n-heldout: the first half and the last (unseen) half
+            seeds = seeds[:limit // 2] + seeds[-(limit - limit // 2):]
         return [{"seed": s, "expected": list(synthetic.combo_of(s)),
                  "unseen": str(synthetic.combo_of(s) in synthetic.HELDOUT_COMBOS).lower(),
                  "picture": f"{synthetic.SIZE}×{synthetic.SIZE}"} for s in seeds]
@@ -156,9 +158,30 @@ def rewrite_readme(readme: Path, doc: dict) -> None:
         fh.write(head + BEGIN + "\n" + readme_section(doc) + "\n" + END + tail)
 
 
+def _from_heldout_json(rows: list[dict], model_dir: Path, tok) -> None:
+    """Fill today's held-out rows with transformers' answers recorded in heldout.json (the training
+    script's greedy on the same checkpoint), instead of generating them again."""
+    path = model_dir / "heldout.json"
+    held = {it["seed"]: it for it in json.loads(path.read_text(encoding="utf-8"))["items"]}
+    for r in rows:
+        if r["seed"] not in held:
+            raise SystemExit(f"{path}: no item for held-out seed {r['seed']}; run with --rerun-heldout")
+        ids = held[r["seed"]]["got_ids"]
+        r["got_ids"], r["got"] = ids, tok.decode([t for t in ids if t != IM_END])
+        r.update(independent.score(tuple(r["expected"]), r["got"], ids[-1:] == [IM_END]))
+        r["expected_text"] = synthetic.answer_for(*r["expected"])
+
+
+KEEP = ("index", "colour", "colour_name", "rgb", "shape", "position", "band", "width_px", "picture", "centre",
+        "rotation_deg", "background", "background_rgb", "style", "outline_px", "jpeg_quality", "expected_text", "got",
+        "got_ids", "answered", "exact", "fields", "engine_same")
+
+
 def evaluate(model_dir: Path, quants: list[str], limit: int | None, log=print,
-             engine_sets: tuple[str, ...] = ("heldout", "independent")) -> dict:
-    """Both sets through transformers and the engine; the document independent.json holds."""
+             engine_sets: tuple[str, ...] = ("heldout", "independent"), rerun_heldout: bool = False,
+             on_progress=None) -> dict:
+    """Both sets through transformers and the engine; the document independent.json holds.
+    ``on_progress(doc)`` is called after transformers and after each quant (a partial document)."""
     import torch
     from train_tiny_vl import Batcher, Prompts
     from transformers import Qwen3VLForConditionalGeneration
@@ -170,31 +193,48 @@ def evaluate(model_dir: Path, quants: list[str], limit: int | None, log=print,
     batcher = Batcher(Prompts(tok))
     model = Qwen3VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
     sets = {kind: _rows(kind, limit) for kind in ("heldout", "independent")}
-    secs = {kind: run_transformers(kind, rows, model, batcher, tok, log) for kind, rows in sets.items()}
-    engine = {q: run_engine(q, {k: v for k, v in sets.items() if k in engine_sets}, tok, log, model_dir)
-              for q in quants}
+    secs = {}
+    for kind, rows in sets.items():
+        if kind == "heldout" and not rerun_heldout:
+            _from_heldout_json(rows, model_dir, tok)
+            secs[kind] = None
+        else:
+            secs[kind] = run_transformers(kind, rows, model, batcher, tok, log)
     fp = machine.fingerprint()
     cpu = fp["clusters"][0]["model"] if fp.get("clusters") else platform.processor()
-    keep = ("index", "colour", "colour_name", "rgb", "shape", "position", "band", "width_px", "picture",
-            "centre", "rotation_deg", "background", "background_rgb", "style", "outline_px", "jpeg_quality",
-            "expected_text", "got", "got_ids", "answered", "exact", "fields", "engine_same")
-    return {
-        "what": "qwen3-tiny-vl greedy answers to 「图里有什么？」 on two held-out sets: transformers (F32, the "
-                "reference) and the engine per VQF quant",
-        "question": synthetic.QUESTION, "quants": quants, "limit": limit, "engine_sets": list(engine_sets),
-        "heldout": {"drawer": "kestrel_lab.vision.synthetic.heldout_seeds()",
-                    "transformers": independent.tally(sets["heldout"], by=("unseen",)),
-                    "transformers_seconds": secs["heldout"]},
-        "independent": {"drawer": "kestrel_lab.vision.independent.evaluation_set()",
-                        "transformers": independent.tally(sets["independent"]),
-                        "transformers_seconds": secs["independent"],
-                        "items": [{k: r[k] for k in keep if k in r} for r in sets["independent"]]},
-        "engine": engine,
-        "provenance": {"script": "scripts/eval_tiny_vl.py", "commit": machine.git_commit(), "date": utc_now(),
-                       "machine": f"{cpu}, {fp['arch']}, {fp['cores']} logical CPUs",
-                       "seconds": round(time.perf_counter() - t0, 1), "python": platform.python_version(),
-                       "model": str(model_dir.relative_to(REPO)) if model_dir.is_relative_to(REPO) else str(model_dir)},
-    }
+    engine: dict = {}
+
+    def doc() -> dict:
+        return {
+            "what": "qwen3-tiny-vl greedy answers to 「图里有什么？」 on two held-out sets: transformers (F32, the "
+                    "reference) and the engine per VQF quant",
+            "question": synthetic.QUESTION, "quants": list(engine), "limit": limit, "engine_sets": list(engine_sets),
+            "heldout": {"drawer": "kestrel_lab.vision.synthetic.heldout_seeds()",
+                        "transformers": independent.tally(sets["heldout"], by=("unseen",)),
+                        "transformers_seconds": secs["heldout"],
+                        "transformers_from": "generated" if rerun_heldout else "heldout.json (got_ids)"},
+            "independent": {"drawer": "kestrel_lab.vision.independent.evaluation_set()",
+                            "transformers": independent.tally(sets["independent"]),
+                            "transformers_seconds": secs["independent"],
+                            "items": [{k: r[k] for k in KEEP if k in r} for r in sets["independent"]]},
+            "engine": engine,
+            "provenance": {"script": "scripts/eval_tiny_vl.py", "commit": machine.git_commit(), "date": utc_now(),
+                           "machine": f"{cpu}, {fp['arch']}, {fp['cores']} logical CPUs",
+                           "seconds": round(time.perf_counter() - t0, 1), "python": platform.python_version(),
+                           "model": _rel(model_dir)},
+        }
+
+    if on_progress:
+        on_progress(doc())
+    for q in quants:
+        engine[q] = run_engine(q, {k: v for k, v in sets.items() if k in engine_sets}, tok, log, model_dir)
+        if on_progress:
+            on_progress(doc())
+    return doc()
+
+
+def _rel(p: Path) -> str:
+    return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
 
 
 def main(argv=None) -> int:
@@ -204,6 +244,8 @@ def main(argv=None) -> int:
     ap.add_argument("--engine-sets", default="heldout,independent",
                     help="the sets the engine runs (transformers always runs both); today's held-out set is also "
                     "checked by scripts/tiny_vl_agreement.py")
+    ap.add_argument("--rerun-heldout", action="store_true",
+                    help="generate transformers' answers to today's held-out set again instead of reading heldout.json")
     ap.add_argument("--limit", type=int, default=None,
                     help="only N items of each set (a quick look: nothing is written)")
     a = ap.parse_args(argv)
@@ -212,16 +254,22 @@ def main(argv=None) -> int:
     bad = [k for k in sets if k not in ("heldout", "independent")]
     if bad:
         raise SystemExit(f"--engine-sets: unknown set(s) {bad}; the sets are heldout, independent")
-    doc = evaluate(a.model.resolve(), quants, a.limit, log=lambda m: print(m, file=sys.stderr, flush=True),
-                   engine_sets=sets)
+    model = a.model.resolve()
+
+    def save(doc: dict) -> None:   # after transformers and after each quant: a cut run keeps what it did
+        if not a.limit:
+            write_json(model / OUT_NAME, doc)
+
+    doc = evaluate(model, quants, a.limit, log=lambda m: print(m, file=sys.stderr, flush=True),
+                   engine_sets=sets, rerun_heldout=a.rerun_heldout, on_progress=save)
     print(readme_section(doc))
     if a.limit:
         print("(--limit: nothing written)", file=sys.stderr)
         return 0
-    write_json(a.model / OUT_NAME, doc)
-    if (a.model / "README.md").is_file():
-        rewrite_readme(a.model / "README.md", doc)
-    print(f"wrote {a.model / OUT_NAME} and the README section", file=sys.stderr)
+    save(doc)
+    if (model / "README.md").is_file():
+        rewrite_readme(model / "README.md", doc)
+    print(f"wrote {model / OUT_NAME} and the README section", file=sys.stderr)
     return 0
 
 
