@@ -220,7 +220,7 @@ def full_vocab_ce(hidden, rows, targets, n_zero: int):
     rows' logits are exactly 0, so they add ``n_zero`` to the softmax's denominator. ``targets``
     index ``rows`` (every target token is a used row)."""
     logits = hidden @ rows.T
-    const = torch.full((logits.shape[0], 1), math.log(n_zero), dtype=logits.dtype)
+    const = torch.full((logits.shape[0], 1), math.log(n_zero), dtype=logits.dtype, device=logits.device)
     lse = torch.logsumexp(torch.cat([logits, const], dim=1), dim=1)
     return (lse - logits.gather(1, targets[:, None])[:, 0]).mean()
 
@@ -276,6 +276,10 @@ def init_from_checkpoint(folder: Path, prompts: Prompts):
                                                             "train_cpu_seconds", "loss_log", "loss_first",
                                                             "loss_last", "init", "seed", "args")
                                       if k in prev}}
+
+
+def to_device(batch: dict, device: str) -> dict:
+    return {k: v.to(device) for k, v in batch.items()} if device != "cpu" else batch
 
 
 def loss_of(model, rows_mod: UsedRows, b: dict):
@@ -431,6 +435,10 @@ def _is_make_recipe(command: str) -> bool:
         (len(args) == 3 and args[0] == "--out" and args[2] == "--no-eval")
 
 
+def _device_words(ver: dict) -> str:
+    return "CPU" if ver.get("device", "cpu") == "cpu" else ver["device"]
+
+
 def _drawer_words(tr: dict) -> str:
     """' from the wide drawer (…)' and the schedule when the run stopped early; '' for the default run."""
     out = ""
@@ -584,7 +592,8 @@ def write_readme(out: Path, keep_engine_section: bool = False) -> Path:
         f"{tr['steps']} steps of {tr['batch']} pictures{_drawer_words(tr)} "
         f"({tr['train_images']:,} distinct training seeds, {tr['first_train_seed']}…{tr['last_train_seed']}, skipping "
         f"the held-out combinations), AdamW (lr {a['lr']:g}, {a['warmup']} warm-up steps, cosine to {a['final_lr']:g}, "
-        f"β = (0.9, 0.98), weight decay {a['weight_decay']:g} on matrices, gradient clip 1.0), float32, torch on CPU "
+        f"β = (0.9, 0.98), weight decay {a['weight_decay']:g} on matrices, gradient clip 1.0), float32, torch on "
+        f"{_device_words(ver)} "
         f"with {a['threads']} threads, `torch.use_deterministic_algorithms(True)`, seed {tr['seed']}. The loss is "
         "the cross-entropy on the answer tokens and the closing `<|im_end|>` only.",
         "",
@@ -654,6 +663,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--deepstack", type=str, default="1,3", help="vision blocks feeding DeepStack")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu",
+                    help="torch device for the training loop (cpu, cuda); the evaluation runs on CPU")
     ap.add_argument("--log-every", type=int, default=20)
     ap.add_argument("--n-heldout", type=int, default=None, help="evaluate on the first N held-out items")
     ap.add_argument("--poem", type=Path, default=tiny_poem_dir())
@@ -708,6 +719,8 @@ def main(argv=None) -> int:
         args.n_heldout = args.n_heldout or 12
 
     torch.set_num_threads(args.threads)
+    if args.device.startswith("cuda"):   # cuBLAS is deterministic only with a fixed workspace
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -734,7 +747,7 @@ def main(argv=None) -> int:
     embed = lm.embed_tokens
     embed.weight.requires_grad_(False)
     lm.embed_tokens = rows_mod
-    model.train()
+    model.to(args.device).train()
     log(f"init: {init_info}; prompt {len(prompts.prompt)} tokens; {len(prompts.answers)} answers")
 
     decay, no_decay = [], []
@@ -751,7 +764,7 @@ def main(argv=None) -> int:
     for step in range(run_steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args.steps, args.lr, args.warmup, args.final_lr)
-        b = batcher.batch(seeds[step * args.batch:(step + 1) * args.batch])
+        b = to_device(batcher.batch(seeds[step * args.batch:(step + 1) * args.batch]), args.device)
         loss = loss_of(model, rows_mod, b)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -771,7 +784,7 @@ def main(argv=None) -> int:
 
     # the full-vocabulary loss of transformers equals the used-rows loss (one batch, no grad)
     model.eval()
-    check = batcher.batch(seeds[:min(8, len(seeds))])
+    check = to_device(batcher.batch(seeds[:min(8, len(seeds))]), args.device)
     with torch.no_grad():
         ours = float(loss_of(model, rows_mod, check))
         lm.embed_tokens = embed
@@ -788,6 +801,7 @@ def main(argv=None) -> int:
     model.generation_config.bos_token_id = ENDOFTEXT
     model.generation_config.pad_token_id = ENDOFTEXT
     model.generation_config.do_sample = False
+    model.cpu()
     save_checkpoint(model, out)
     log(f"saved {out}/model.safetensors ({(out / 'model.safetensors').stat().st_size:,} bytes)")
 
@@ -795,7 +809,7 @@ def main(argv=None) -> int:
            "pillow": __import__("PIL").__version__, "python": platform.python_version(),
            "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs, torch threads {args.threads}",
            "cpu": _cpu_name(),
-           "device": "cpu"}
+           "device": args.device}
     record = {
         "command": "python scripts/train_tiny_vl.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "args": {k: (_rel(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
