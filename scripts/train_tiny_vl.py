@@ -484,10 +484,13 @@ def _independent_section(out: Path) -> list[str]:
     """The README's section on the independent drawer, from independent.json (scripts/eval_tiny_vl.py)."""
     from eval_tiny_vl import BEGIN, END, OUT_NAME, readme_section
 
+    from kestrel_lab.vision import independent
+
     path = out / OUT_NAME
     body = [readme_section(json.loads(path.read_text(encoding="utf-8")))] if path.is_file() else []
     return [INDEPENDENT_HEADING, "",
-            "Pictures from a drawer the model never saw, `kestrel_lab.vision.independent` (240 items, "
+            "Pictures from a drawer the model never saw, `kestrel_lab.vision.independent` "
+            f"({independent.N_ITEMS} items, "
             "`independent.evaluation_set()`): other code (PIL `ImageDraw` primitives at output resolution, no "
             "supersampling), pure and CSS/X11 named colours, shapes from 24 px to 45 % of the picture's short side "
             "in four size bands, pictures from 256×256 to 640×480 (square and not), white or light named "

@@ -224,3 +224,28 @@ def test_eval_readme_section_from_a_fake_run(tmp_path):
     readme.write_text("# no markers\n", encoding="utf-8")
     with pytest.raises(SystemExit, match="README.md: the markers"):
         ev.rewrite_readme(readme, doc)
+
+
+def test_committed_independent_json_is_consistent():
+    """independent.json (scripts/eval_tiny_vl.py): its items are the independent set's, its tables are
+    what tally makes of its items, and the model README shows its section."""
+    from kestrel_lab.paths import data_dir
+
+    folder = data_dir() / "models" / "qwen3-tiny-vl"
+    doc = __import__("json").loads((folder / "independent.json").read_text(encoding="utf-8"))
+    items = doc["independent"]["items"]
+    if doc["limit"] is None:
+        assert [it["index"] for it in items] == list(range(ind.N_ITEMS))
+    rows = []
+    for it in items:
+        want = ind.item(it["index"])
+        assert it["expected_text"] == want.answer and it["band"] == want.band and it["rgb"] == list(want.rgb)
+        assert it["picture"] == want.picture_label
+        assert it["exact"] == (it["got"] == want.answer and it["got_ids"][-1] == 151645)
+        rows.append({**it, "expected": list(want.combo), "jpeg": "jpeg" if it["jpeg_quality"] else "png"})
+    assert ind.tally(rows) == doc["independent"]["transformers"]
+    for q, sets in doc["engine"].items():
+        r = sets["independent"]
+        assert r["n"] == len(items) and r["agree"] == sum(it["engine_same"][q] for it in items)
+    readme = (folder / "README.md").read_text(encoding="utf-8")
+    assert _eval_script().readme_section(doc) in readme
