@@ -208,13 +208,15 @@ def test_eval_readme_section_from_a_fake_run(tmp_path):
     rows = [_row(("红", "圆", "左上角"), "左上角有一个红色的圆。", band="24-39 px", picture="256×256"),
             _row(("橙", "圆", "左上角"), "左上角有一个黄色的圆。", band="40-69 px", picture="320×240")]
     doc = {"heldout": {"transformers": ind.tally(rows[:1], by=())},
-           "independent": {"transformers": ind.tally(rows)},
-           "engine": {"q4_0": {"independent": {"n": 2, "agree": 1, "agreement": 0.5, "exact": 1, "accuracy": 0.5}}},
+           "independent": {"tables": ind.tally(rows), "answered_by": {"transformers": 2}, "transformers_every": 1},
+           "engine": {"q4_0": {"independent": {"n": 2, "compared": 2, "agree": 1, "agreement": 0.5, "exact": 1,
+                                               "accuracy": 0.5}}},
            "provenance": {"commit": "abc", "machine": "m", "seconds": 3.0, "date": "d"}}
     text = ev.readme_section(doc)
     assert "| independent drawer | 2 | 1 (50.0 %) | 50.0 % | 100.0 % | 100.0 % |" in text
     assert "| 40-69 px | 1 | 0 (0.0 %) | 0.0 % |" in text and "| 320×240 | 1 |" in text
-    assert "| Q4_0 | independent | 2 | 1 (50.0 %) | 1 (50.0 %) |" in text
+    assert "| Q4_0 | independent | 2 | 1 (50.0 %) | 2 | 1 (50.0 %) |" in text
+    assert text.startswith("Independent set answered 2 by transformers.")
     assert "| 橙 | 0 | 0 | 1 | 0 | 0 | 0 | 0 |" in text    # colour confusion: orange answered yellow
     readme = tmp_path / "README.md"
     readme.write_text(f"# m\n\n{ev.BEGIN}\nold\n{ev.END}\ntail\n", encoding="utf-8")
@@ -243,9 +245,11 @@ def test_committed_independent_json_is_consistent():
         assert it["picture"] == want.picture_label
         assert it["exact"] == (it["got"] == want.answer and it["got_ids"][-1] == 151645)
         rows.append({**it, "expected": list(want.combo), "jpeg": "jpeg" if it["jpeg_quality"] else "png"})
-    assert ind.tally(rows) == doc["independent"]["transformers"]
+    assert ind.tally(rows) == doc["independent"]["tables"]
+    assert ind.tally([r for r in rows if r["answered_by"] == "transformers"]) == doc["independent"]["transformers"]
     for q, sets in doc["engine"].items():
         r = sets["independent"]
-        assert r["n"] == len(items) and r["agree"] == sum(it["engine_same"][q] for it in items)
+        assert r["n"] == len(items) and r["agree"] == sum(it.get("engine_same", {}).get(q, False) for it in items)
+        assert r["compared"] == sum(it["answered_by"] == "transformers" for it in items)
     readme = (folder / "README.md").read_text(encoding="utf-8")
     assert _eval_script().readme_section(doc) in readme
