@@ -160,7 +160,7 @@ def item(index: int) -> Item:
 
 
 def evaluation_set() -> list[Item]:
-    """All N_ITEMS items, in index order. Taught in day21_3."""
+    """All N_ITEMS items, in index order."""
     return [item(i) for i in range(N_ITEMS)]
 
 
@@ -237,7 +237,7 @@ def tally(rows: list[dict], by: tuple[str, ...] = ("band", "picture", "style", "
 
     Each row needs ``expected`` ((colour, shape, position)), ``answered`` (the same, '?' where it did
     not parse), ``exact``, ``fields`` ({field: bool}) and a value for each key of ``by`` that it has
-    (rows without the key are left out of that breakdown). Taught in day21_3."""
+    (rows without the key are left out of that breakdown)."""
     out = {"overall": _share(rows), "by": {}}
     for key in by:
         values = sorted({str(r[key]) for r in rows if key in r}, key=_natural)

@@ -301,7 +301,7 @@ def sample_wide(seed: int) -> WideSample:
     """A picture of ``seed`` from the wide drawer: the same (colour, shape, position) as ``sample(seed)``
     (:func:`combo_of`), drawn on a 224–640 px picture (square or not) with a shape from 24 px to 45 % of
     the short side, a palette or HSV named-colour shade, a white, grey or tinted background, a fill or an
-    outline, supersampled or hard edges, sometimes JPEG. Same seed, same bytes. Taught in day21_3."""
+    outline, supersampled or hard edges, sometimes JPEG. Same seed, same bytes."""
     seed = _check_seed(seed)
     rng = _rng(seed)
     c, s, p = (int(rng.integers(n)) for n in (len(COLOURS), len(SHAPES), len(POSITIONS)))
