@@ -45,8 +45,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+for _p in (REPO, REPO / "scripts"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -129,10 +130,7 @@ class Prompts:
 
     def __init__(self, tok: Tokenizer):
         self.tok = tok
-        text = ("<|im_start|>user\n<|vision_start|>" + "<|image_pad|>" * N_IMAGE_TOKENS
-                + f"<|vision_end|>{synthetic.QUESTION}<|im_end|>\n<|im_start|>assistant\n")
-        self.prompt = tok.encode(text)
-        assert self.prompt.count(IMAGE_PAD) == N_IMAGE_TOKENS and self.prompt[0] == IM_START
+        self.prompt = self.prompt_for(N_IMAGE_TOKENS)   # the 256×256 pictures of synthetic.sample
         self.answers = {}
         for c in synthetic.COLOURS:
             for s in synthetic.SHAPES:
@@ -144,12 +142,27 @@ class Prompts:
         used.discard(IMAGE_PAD)   # overwritten by the merger output: its row is never read
         self.used = sorted(used)
 
+    def prompt_for(self, n_pads: int) -> list[int]:
+        """The prompt of a picture that becomes ``n_pads`` LLM tokens (grid t·h·w / merge²)."""
+        text = ("<|im_start|>user\n<|vision_start|>" + "<|image_pad|>" * n_pads
+                + f"<|vision_end|>{synthetic.QUESTION}<|im_end|>\n<|im_start|>assistant\n")
+        ids = self.tok.encode(text)
+        assert ids.count(IMAGE_PAD) == n_pads and ids[0] == IM_START
+        return ids
+
+
+def n_pads(grid_row) -> int:
+    """LLM tokens of one picture: its (t, h, w) patch grid over the 2×2 merge."""
+    t, h, w = (int(v) for v in grid_row)
+    return t * h * w // (MERGE * MERGE)
+
 
 class Batcher:
     """Pictures → pixel_values / image_grid_thw (transformers' PIL processor) and token batches."""
 
-    def __init__(self, prompts: Prompts):
+    def __init__(self, prompts: Prompts, drawer: str = "default"):
         self.p = prompts
+        self.drawer = drawer
         self.proc = Qwen2VLImageProcessorPil(
             size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS}, patch_size=PATCH,
             temporal_patch_size=TEMPORAL, merge_size=MERGE, image_mean=[0.5] * 3, image_std=[0.5] * 3)
@@ -158,16 +171,28 @@ class Batcher:
         out = self.proc(images=images, return_tensors="pt")
         return out["pixel_values"].float(), out["image_grid_thw"]
 
+    def draw(self, seed: int):
+        """(picture, answer) of a training seed from this batcher's drawer."""
+        if self.drawer == "wide":
+            smp = synthetic.sample_wide(seed)
+            return smp.image, smp.answer
+        return synthetic.draw(seed)
+
     def batch(self, seeds: list[int]) -> dict:
-        samples = [synthetic.sample(s) for s in seeds]
-        pv, grid = self.pixels([s.image for s in samples])
-        seqs = [self.p.prompt + self.p.answers[s.answer] for s in samples]
-        n = self.p.max_len   # one shape for every batch: no re-planning of kernels per length
+        return self.batch_of([self.draw(s) for s in seeds])
+
+    def batch_of(self, pairs) -> dict:
+        """A training batch of (picture, answer) pairs; right-padded to the longest sequence (at least
+        the 256×256 length, so the default drawer's batches all have one shape)."""
+        pv, grid = self.pixels([im for im, _ in pairs])
+        prompts = [self.p.prompt_for(n_pads(g)) for g in grid]
+        seqs = [pr + self.p.answers[a] for pr, (_, a) in zip(prompts, pairs)]
+        n = max([self.p.max_len] + [len(sq) for sq in seqs])
         ids = torch.full((len(seqs), n), ENDOFTEXT, dtype=torch.long)
         labels = torch.full((len(seqs), n), -100, dtype=torch.long)
-        for i, sq in enumerate(seqs):
+        for i, (pr, sq) in enumerate(zip(prompts, seqs)):
             ids[i, :len(sq)] = torch.tensor(sq)
-            labels[i, len(self.p.prompt):len(sq)] = torch.tensor(sq[len(self.p.prompt):])
+            labels[i, len(pr):len(sq)] = torch.tensor(sq[len(pr):])
         # right padding after the answer: causal attention never lets a real token see it
         return {"input_ids": ids, "labels": labels, "pixel_values": pv, "image_grid_thw": grid,
                 "mm_token_type_ids": (ids == IMAGE_PAD).int()}
@@ -195,7 +220,7 @@ def full_vocab_ce(hidden, rows, targets, n_zero: int):
     rows' logits are exactly 0, so they add ``n_zero`` to the softmax's denominator. ``targets``
     index ``rows`` (every target token is a used row)."""
     logits = hidden @ rows.T
-    const = torch.full((logits.shape[0], 1), math.log(n_zero), dtype=logits.dtype)
+    const = torch.full((logits.shape[0], 1), math.log(n_zero), dtype=logits.dtype, device=logits.device)
     lse = torch.logsumexp(torch.cat([logits, const], dim=1), dim=1)
     return (lse - logits.gather(1, targets[:, None])[:, 0]).mean()
 
@@ -253,6 +278,10 @@ def init_from_checkpoint(folder: Path, prompts: Prompts):
                                       if k in prev}}
 
 
+def to_device(batch: dict, device: str) -> dict:
+    return {k: v.to(device) for k, v in batch.items()} if device != "cpu" else batch
+
+
 def loss_of(model, rows_mod: UsedRows, b: dict):
     out = model.model(input_ids=b["input_ids"], pixel_values=b["pixel_values"],
                       image_grid_thw=b["image_grid_thw"], mm_token_type_ids=b["mm_token_type_ids"])
@@ -273,10 +302,12 @@ def param_counts(model) -> dict:
 
 # ----------------------------------------------------------------------------- evaluation
 @torch.no_grad()
-def greedy(model, batcher: Batcher, seed: int, max_new: int = 24) -> list[int]:
-    smp = synthetic.sample(seed)
-    pv, grid = batcher.pixels([smp.image])
-    ids = torch.tensor([batcher.p.prompt])
+def greedy(model, batcher: Batcher, image, max_new: int = 24) -> list[int]:
+    """transformers' greedy continuation (ids) for one picture (a seed of synthetic.sample or a PIL image)."""
+    if not hasattr(image, "size"):
+        image = synthetic.sample(image).image
+    pv, grid = batcher.pixels([image])
+    ids = torch.tensor([batcher.p.prompt_for(n_pads(grid[0]))])
     out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pv,
                          image_grid_thw=grid, mm_token_type_ids=(ids == IMAGE_PAD).int(),
                          max_new_tokens=max_new, do_sample=False, eos_token_id=[IM_END, ENDOFTEXT],
@@ -404,6 +435,28 @@ def _is_make_recipe(command: str) -> bool:
         (len(args) == 3 and args[0] == "--out" and args[2] == "--no-eval")
 
 
+def _device_words(ver: dict) -> str:
+    return "CPU" if ver.get("device", "cpu") == "cpu" else ver["device"]
+
+
+def _drawer_words(tr: dict) -> str:
+    """' from the wide drawer (…)' and the schedule when the run stopped early; '' for the default run."""
+    out = ""
+    if tr.get("drawer") == "wide":
+        out += (" from the wide drawer (`synthetic.sample_wide`: 224–640 px pictures, square or not, shapes from "
+                "24 px to 45 % of the short side, palette and named-colour shades, white/grey/tinted backgrounds, "
+                "fills and outlines, supersampled or hard edges, some JPEG)")
+    if tr.get("schedule_steps", tr["steps"]) != tr["steps"]:
+        out += f", stopped after {tr['steps']} of a {tr['schedule_steps']}-step schedule"
+    if tr.get("seconds_per_step"):
+        out += f", {tr['seconds_per_step']:.1f} s per step"
+    return out
+
+
+def _is_make_command(tr: dict) -> bool:
+    return _explicit_command(tr) == tr["command"].strip() and _is_make_recipe(tr["command"])
+
+
 def _shape_confusion(items: list[dict]) -> list[str]:
     """A markdown table: rows the shape drawn, columns the shape answered (unparsable: '?')."""
     cols = list(synthetic.SHAPES) + ["?"]
@@ -424,19 +477,43 @@ ENGINE_BEGIN = "<!-- engine-agreement:begin (written by scripts/tiny_vl_agreemen
 ENGINE_END = "<!-- engine-agreement:end -->"
 
 
+INDEPENDENT_HEADING = "## A second, independent drawer"
+
+
+def _independent_section(out: Path) -> list[str]:
+    """The README's section on the independent drawer, from independent.json (scripts/eval_tiny_vl.py)."""
+    from eval_tiny_vl import BEGIN, END, OUT_NAME, readme_section
+
+    from kestrel_lab.vision import independent
+
+    path = out / OUT_NAME
+    body = [readme_section(json.loads(path.read_text(encoding="utf-8")))] if path.is_file() else []
+    return [INDEPENDENT_HEADING, "",
+            "Pictures from a drawer the model never saw, `kestrel_lab.vision.independent` "
+            f"({independent.N_ITEMS} items, "
+            "`independent.evaluation_set()`): other code (PIL `ImageDraw` primitives at output resolution, no "
+            "supersampling), pure and CSS/X11 named colours, shapes from 24 px to 45 % of the picture's short side "
+            "in four size bands, pictures from 256×256 to 640×480 (square and not), white or light named "
+            "backgrounds, some outlines, some JPEG; every (colour, shape, position) twice, each time in another size "
+            "band. Beside it, today's held-out set through the same code. Scored per field by parsing the answer "
+            "back.", "", BEGIN, *body, END, ""]
+
+
 def _engine_section(old_readme: str | None) -> list[str]:
     """The README's engine section: kept as it is (``--readme-only``: same checkpoint), else its text with
     the markers that scripts/tiny_vl_agreement.py fills in (a new checkpoint has no agreement yet)."""
     if old_readme and ENGINE_HEADING in old_readme and ENGINE_BEGIN in old_readme:
-        return [ENGINE_HEADING + old_readme.split(ENGINE_HEADING, 1)[1].rstrip("\n"), ""]
+        kept = old_readme.split(ENGINE_HEADING, 1)[1].split(INDEPENDENT_HEADING, 1)[0]
+        return [ENGINE_HEADING + kept.rstrip("\n"), ""]
     return [
         ENGINE_HEADING, "",
-        "The numba engine (`kestrel_lab.engine.vl`) on the VQF files `models.vqf(\"qwen3-tiny-vl\", quant=…)` converts "
-        "from `model.safetensors`: every held-out picture is drawn again, preprocessed by `vision.preprocess.load_image`, "
-        "put in the prompt by `vision.prompt.encode_vl_chat` and decoded greedily (at most 24 tokens). \"Same ids\" "
-        "compares the engine's continuation with transformers' `got_ids` in `heldout.json` token for token; \"right\" "
-        "is the exact sentence followed by `<|im_end|>`. In the Q8_0 and Q4_0 files only the text tower's matrices take "
-        "that quant (the embedding stays F16, the vision matrices Q8_0). `tests/test_tiny_vl.py` checks the ten cases "
+        "The numba engine (`kestrel_lab.engine.vl`) on the VQF files `models.vqf(\"qwen3-tiny-vl\", quant=…)` "
+        "converts from `model.safetensors`: every held-out picture is drawn again, preprocessed by "
+        "`vision.preprocess.load_image`, put in the prompt by `vision.prompt.encode_vl_chat` and decoded greedily (at "
+        "most 24 tokens). \"Same ids\" compares the engine's continuation with transformers' `got_ids` in "
+        "`heldout.json` token for token; \"right\" is the exact sentence followed by `<|im_end|>`. In the Q8_0 and "
+        "Q4_0 files only the text tower's matrices take that quant (the embedding stays F16, the vision matrices "
+        "Q8_0). `tests/test_tiny_vl.py` checks the ten cases "
         "of `greedy.json` at F32 token for token, prompt ids included; lesson day21_3 runs the pipeline step by step.",
         "", ENGINE_BEGIN, "Not computed for this checkpoint yet: run `scripts/tiny_vl_agreement.py`.", ENGINE_END, ""]
 
@@ -501,8 +578,9 @@ def write_readme(out: Path, keep_engine_section: bool = False) -> Path:
         "64 LLM tokens — one shape on a plain light background: 6 colours (红 橙 黄 绿 蓝 紫) × 4 shapes (圆 正方形 "
         "三角形 星形) × 5 positions (左上角 右上角 左下角 右下角 中间), with a random size (radius "
         f"{synthetic.RADIUS[0]}–{synthetic.RADIUS[1]} px), ±{synthetic.JITTER} px jitter, ±{synthetic.ROTATION_DEG:g}° "
-        "rotation, background shade and colour tint from the seed (drawn at 4× and box-reduced). `synthetic.draw(seed)` gives "
-        "the picture and the answer; the same seed gives the same bytes (a test pins one sha256).",
+        "rotation, background shade and colour tint from the seed (drawn at 4× and box-reduced). "
+        "`synthetic.draw(seed)` gives the picture and the answer; the same seed gives the same bytes (a test pins "
+        "one sha256).",
         "",
         "Pixels: transformers' `Qwen2VLImageProcessorPil` with Qwen3-VL's settings (min 65,536 / max 16,777,216 "
         "pixels, patch 16, temporal patch 2, merge 2, mean = std = 0.5). Tokens, built by hand in Qwen3-VL-Instruct's "
@@ -513,11 +591,12 @@ def write_readme(out: Path, keep_engine_section: bool = False) -> Path:
         "## Training",
         "",
         f"{'The last stage, ' if prev else ''}`{_explicit_command(tr)}`"
-        f"{' (`make tiny-vl`)' if _explicit_command(tr) == tr['command'].strip() and _is_make_recipe(tr['command']) else ''}: "
-        f"{tr['steps']} steps of {tr['batch']} pictures "
+        f"{' (`make tiny-vl`)' if _is_make_command(tr) else ''}: "
+        f"{tr['steps']} steps of {tr['batch']} pictures{_drawer_words(tr)} "
         f"({tr['train_images']:,} distinct training seeds, {tr['first_train_seed']}…{tr['last_train_seed']}, skipping "
         f"the held-out combinations), AdamW (lr {a['lr']:g}, {a['warmup']} warm-up steps, cosine to {a['final_lr']:g}, "
-        f"β = (0.9, 0.98), weight decay {a['weight_decay']:g} on matrices, gradient clip 1.0), float32, torch on CPU "
+        f"β = (0.9, 0.98), weight decay {a['weight_decay']:g} on matrices, gradient clip 1.0), float32, torch on "
+        f"{_device_words(ver)} "
         f"with {a['threads']} threads, `torch.use_deterministic_algorithms(True)`, seed {tr['seed']}. The loss is "
         "the cross-entropy on the answer tokens and the closing `<|im_end|>` only.",
         "",
@@ -562,6 +641,7 @@ def write_readme(out: Path, keep_engine_section: bool = False) -> Path:
             + (" …" if len(wrong) > 8 else "") + "." if wrong else " No item is wrong."),
         "",
         *_engine_section(old_readme),
+        *_independent_section(out),
     ]
     path = out / "README.md"
     with atomic_write(path, "w") as fh:
@@ -586,6 +666,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--deepstack", type=str, default="1,3", help="vision blocks feeding DeepStack")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu",
+                    help="torch device for the training loop (cpu, cuda); the evaluation runs on CPU")
     ap.add_argument("--log-every", type=int, default=20)
     ap.add_argument("--n-heldout", type=int, default=None, help="evaluate on the first N held-out items")
     ap.add_argument("--poem", type=Path, default=tiny_poem_dir())
@@ -593,6 +675,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="start from a checkpoint this script wrote (a second stage) instead of the poem model")
     ap.add_argument("--first-seed", type=int, default=None,
                     help="first training seed (default 0; with --init-from, the seed after the previous stage's last)")
+    ap.add_argument("--drawer", choices=("default", "wide"), default="default",
+                    help="training pictures: synthetic.sample (256×256, one palette) or synthetic.sample_wide "
+                    "(224–640 px, 24 px to 45 %% shapes, named-colour shades, outlines, hard edges, JPEG)")
+    ap.add_argument("--stop-after", type=int, default=None,
+                    help="stop after N of the --steps steps (the learning-rate schedule stays that of --steps; "
+                    "a reproducible part of a longer run)")
     ap.add_argument("--no-eval", action="store_true", help="save the checkpoint and training.json only")
     ap.add_argument("--readme-only", action="store_true", help="rewrite README.md from the run's files in --out")
     return ap
@@ -634,6 +722,8 @@ def main(argv=None) -> int:
         args.n_heldout = args.n_heldout or 12
 
     torch.set_num_threads(args.threads)
+    if args.device.startswith("cuda"):   # cuBLAS is deterministic only with a fixed workspace
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -648,7 +738,7 @@ def main(argv=None) -> int:
 
     tok = Tokenizer.default()
     prompts = Prompts(tok)
-    batcher = Batcher(prompts)
+    batcher = Batcher(prompts, args.drawer)
     cfg = build_config(args.width, args.depth, args.heads, [int(x) for x in args.deepstack.split(",")])
     if args.init_from:
         torch.manual_seed(args.seed)
@@ -660,7 +750,7 @@ def main(argv=None) -> int:
     embed = lm.embed_tokens
     embed.weight.requires_grad_(False)
     lm.embed_tokens = rows_mod
-    model.train()
+    model.to(args.device).train()
     log(f"init: {init_info}; prompt {len(prompts.prompt)} tokens; {len(prompts.answers)} answers")
 
     decay, no_decay = [], []
@@ -671,19 +761,20 @@ def main(argv=None) -> int:
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.98))
 
-    seeds = synthetic.train_seeds(args.steps * args.batch, start=args.first_seed)
+    run_steps = min(args.stop_after or args.steps, args.steps)
+    seeds = synthetic.train_seeds(run_steps * args.batch, start=args.first_seed)
     loss_log, window, t_train, cpu_train = [], [], time.time(), time.process_time()
-    for step in range(args.steps):
+    for step in range(run_steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args.steps, args.lr, args.warmup, args.final_lr)
-        b = batcher.batch(seeds[step * args.batch:(step + 1) * args.batch])
+        b = to_device(batcher.batch(seeds[step * args.batch:(step + 1) * args.batch]), args.device)
         loss = loss_of(model, rows_mod, b)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
         opt.step()
         window.append(float(loss.detach()))
-        if (step + 1) % args.log_every == 0 or step == 0 or step + 1 == args.steps:
+        if (step + 1) % args.log_every == 0 or step == 0 or step + 1 == run_steps:
             mean = sum(window) / len(window)
             loss_log.append([step + 1, round(mean, 5), round(time.time() - t_train, 1),
                              round(time.process_time() - cpu_train, 1)])
@@ -691,11 +782,12 @@ def main(argv=None) -> int:
                 f"cpu {time.process_time() - cpu_train:.0f} s")
             window = []
     train_seconds, train_cpu = time.time() - t_train, time.process_time() - cpu_train
-    log(f"trained {args.steps} steps in {train_seconds:.0f} s wall, {train_cpu:.0f} s CPU")
+    log(f"trained {run_steps} of {args.steps} steps ({args.drawer} drawer) in {train_seconds:.0f} s wall, "
+        f"{train_cpu:.0f} s CPU, {train_seconds / run_steps:.1f} s per step")
 
     # the full-vocabulary loss of transformers equals the used-rows loss (one batch, no grad)
     model.eval()
-    check = batcher.batch(seeds[:min(8, len(seeds))])
+    check = to_device(batcher.batch(seeds[:min(8, len(seeds))]), args.device)
     with torch.no_grad():
         ours = float(loss_of(model, rows_mod, check))
         lm.embed_tokens = embed
@@ -712,6 +804,7 @@ def main(argv=None) -> int:
     model.generation_config.bos_token_id = ENDOFTEXT
     model.generation_config.pad_token_id = ENDOFTEXT
     model.generation_config.do_sample = False
+    model.cpu()
     save_checkpoint(model, out)
     log(f"saved {out}/model.safetensors ({(out / 'model.safetensors').stat().st_size:,} bytes)")
 
@@ -719,11 +812,12 @@ def main(argv=None) -> int:
            "pillow": __import__("PIL").__version__, "python": platform.python_version(),
            "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs, torch threads {args.threads}",
            "cpu": _cpu_name(),
-           "device": "cpu"}
+           "device": args.device}
     record = {
         "command": "python scripts/train_tiny_vl.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "args": {k: (_rel(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "steps": args.steps, "batch": args.batch, "train_images": len(seeds),
+        "steps": run_steps, "schedule_steps": args.steps, "drawer": args.drawer, "batch": args.batch,
+        "train_images": len(seeds), "seconds_per_step": round(train_seconds / run_steps, 2),
         "first_train_seed": seeds[0], "last_train_seed": seeds[-1],
         "train_seconds": round(train_seconds, 1), "train_cpu_seconds": round(train_cpu, 1),
         "loss_log_columns": ["step", "mean loss since the previous entry", "wall seconds", "CPU seconds"],
@@ -768,6 +862,16 @@ def main(argv=None) -> int:
     record.update({"total_seconds": round(time.time() - t_start, 1),
                    "heldout_accuracy": result["overall"]["accuracy"],
                    "heldout_unseen_combo_accuracy": result["unseen_combos"]["accuracy"]})
+    # both held-out sets, the independent drawer's included, through transformers (the engine columns
+    # come from scripts/eval_tiny_vl.py once the VQF files exist)
+    from eval_tiny_vl import OUT_NAME
+    from eval_tiny_vl import evaluate as evaluate_both
+
+    both = evaluate_both(out, [], args.n_heldout, log=log)
+    write_json(out / OUT_NAME, both)
+    record["independent_accuracy"] = both["independent"]["transformers"]["overall"]["accuracy"]
+    log(f"independent set: {both['independent']['transformers']['overall']['exact']}/"
+        f"{both['independent']['transformers']['overall']['n']} exact")
     write_json(out / "training.json", record)
     with atomic_write(out / "training.log", "w") as fh:
         fh.write("\n".join(log_lines) + "\n")

@@ -17,6 +17,7 @@ Taught in day21_3.
 """
 from __future__ import annotations
 
+import io
 import math
 import re
 from dataclasses import dataclass
@@ -217,3 +218,129 @@ def heldout_seeds(n_random: int = N_HELDOUT_RANDOM, n_per_unseen: int = N_PER_UN
             need[combo] -= 1
         seed += 1
     return out
+
+
+# ----------------------------------------------------------------------------- the wide drawer
+# The pictures above are one drawer: one picture size, one size of shape, one palette, always
+# supersampled. A student's picture is none of these, so training also draws with sample_wide: the same
+# combination (and so the same held-out seeds and combinations) from the same first three draws, then
+# a picture of its own size and a shape of its own size, colour, background, edge, fill and file format.
+WIDE_SIDE = (224, 640)          # picture width and height, each log-uniform in this range
+WIDE_SQUARE_SHARE = 0.35        # share of square pictures
+WIDE_MAX_ASPECT = 2.0           # long side / short side at most
+WIDE_MIN_WIDTH = 24             # the smallest shape, pixels across
+WIDE_MAX_SHARE = 0.45           # the largest shape, a share of the picture's short side
+WIDE_JITTER = 0.06              # centre jitter, share of the side, each axis, ±
+WIDE_PALETTE_SHARE = 0.3        # share of colours from COLOURS (tinted ±TINT), the rest from WIDE_HUES
+# name → (hue range in degrees (lo > hi wraps through 0), lowest saturation, lowest value) of the
+# colours drawn in HSV: the named colours a student picks (CSS/X11 red … purple) and nearby shades
+WIDE_HUES: dict[str, tuple[tuple[float, float], float, float]] = {
+    "红": ((345.0, 8.0), 0.7, 0.55),
+    "橙": ((24.0, 40.0), 0.75, 0.75),
+    "黄": ((49.0, 62.0), 0.7, 0.75),
+    "绿": ((88.0, 155.0), 0.5, 0.4),
+    "蓝": ((200.0, 245.0), 0.55, 0.45),
+    "紫": ((265.0, 305.0), 0.45, 0.4),
+}
+WIDE_OUTLINE_SHARE = 0.2        # outlines instead of fills
+WIDE_HARD_EDGE_SHARE = 0.5      # drawn at output resolution (no supersampling)
+WIDE_JPEG_SHARE = 0.25          # saved as JPEG (quality 45–95) and read back
+WIDE_ROTATION_DEG = 15.0        # square (half the time)/triangle/star rotation, ±
+
+
+@dataclass(frozen=True)
+class WideSample(Sample):
+    """A picture of :func:`sample_wide` with every value the drawer chose (``params``)."""
+
+    params: dict
+
+
+def _hsv_rgb(h: float, s: float, v: float) -> tuple[int, int, int]:
+    h = (h % 360.0) / 60.0
+    i, f = int(h), h - int(h)
+    p, q, t = v * (1 - s), v * (1 - s * f), v * (1 - s * (1 - f))
+    r, g, b = [(v, t, p), (q, v, p), (p, v, t), (p, q, v), (t, p, v), (v, p, q)][i % 6]
+    return (int(round(255 * r)), int(round(255 * g)), int(round(255 * b)))
+
+
+def _wide_colour(rng: np.random.Generator, colour: str) -> tuple[int, int, int]:
+    if rng.random() < WIDE_PALETTE_SHARE:
+        return tuple(int(v) for v in np.clip(np.array(COLOURS[colour]) + rng.integers(-TINT, TINT + 1, size=3),
+                                             0, 255))
+    (lo, hi), smin, vmin = WIDE_HUES[colour]
+    span = (hi - lo) % 360.0
+    return _hsv_rgb(lo + float(rng.uniform(0, span)), float(rng.uniform(smin, 1.0)), float(rng.uniform(vmin, 1.0)))
+
+
+def _wide_picture(rng: np.random.Generator) -> tuple[int, int]:
+    lo, hi = math.log(WIDE_SIDE[0]), math.log(WIDE_SIDE[1])
+    w = int(round(math.exp(rng.uniform(lo, hi))))
+    if rng.random() < WIDE_SQUARE_SHARE:
+        return w, w
+    while True:
+        h = int(round(math.exp(rng.uniform(lo, hi))))
+        if max(w, h) <= WIDE_MAX_ASPECT * min(w, h):
+            return w, h
+
+
+def _wide_background(rng: np.random.Generator) -> tuple[int, int, int]:
+    u = rng.random()
+    if u < 0.5:
+        return (255, 255, 255)
+    if u < 0.75:   # a grey like the first drawer's, lighter on average
+        g = int(rng.integers(200, 256))
+        return tuple(int(v) for v in np.clip(g + rng.integers(-BACKGROUND_TINT, BACKGROUND_TINT + 1, size=3), 0, 255))
+    return tuple(int(v) for v in rng.integers(228, 256, size=3))   # a light tint
+
+
+# the polygon "radius" of synthetic._polygon that gives a shape of width 1 (circle: 0.9 r across each way)
+_WIDTH_PER_R = {"圆": 1.8, "正方形": 1.8, "三角形": math.sqrt(3.0), "星形": 2 * math.cos(math.radians(18))}
+
+
+def sample_wide(seed: int) -> WideSample:
+    """A picture of ``seed`` from the wide drawer: the same (colour, shape, position) as ``sample(seed)``
+    (:func:`combo_of`), drawn on a 224–640 px picture (square or not) with a shape from 24 px to 45 % of
+    the short side, a palette or HSV named-colour shade, a white, grey or tinted background, a fill or an
+    outline, supersampled or hard edges, sometimes JPEG. Same seed, same bytes."""
+    seed = _check_seed(seed)
+    rng = _rng(seed)
+    c, s, p = (int(rng.integers(n)) for n in (len(COLOURS), len(SHAPES), len(POSITIONS)))
+    colour, shape, position = list(COLOURS)[c], SHAPES[s], list(POSITIONS)[p]
+    rng = np.random.default_rng([seed, 0x3D1E])   # the wide drawer's own stream from here on
+    W, H = _wide_picture(rng)
+    top = WIDE_MAX_SHARE * min(W, H)
+    width = float(math.exp(rng.uniform(math.log(WIDE_MIN_WIDTH), math.log(top))))
+    fx, fy = (POSITIONS[position][0] / SIZE, POSITIONS[position][1] / SIZE)   # 0.25, 0.5 or 0.75
+    half = width / 2
+    centre = [min(max(f * side + float(rng.uniform(-WIDE_JITTER, WIDE_JITTER)) * side, half + 2), side - half - 2)
+              for f, side in ((fx, W), (fy, H))]
+    fg, bg = _wide_colour(rng, colour), _wide_background(rng)
+    rotate = shape != "圆" and (shape != "正方形" or rng.random() < 0.5)
+    rot = float(rng.uniform(-WIDE_ROTATION_DEG, WIDE_ROTATION_DEG)) if rotate else 0.0
+    outline = int(rng.integers(2, max(3, int(width / 8)) + 1)) if rng.random() < WIDE_OUTLINE_SHARE else 0
+    k = 1 if rng.random() < WIDE_HARD_EDGE_SHARE else SUPERSAMPLE
+    quality = int(rng.integers(45, 96)) if rng.random() < WIDE_JPEG_SHARE else None
+
+    img = Image.new("RGB", (W * k, H * k), bg)
+    d = ImageDraw.Draw(img)
+    cx, cy, r = centre[0] * k, centre[1] * k, width / _WIDTH_PER_R[shape] * k
+    line = {"fill": None, "outline": fg, "width": outline * k} if outline else {"fill": fg}
+    if shape == "圆":
+        rc = 0.9 * r
+        d.ellipse([cx - rc, cy - rc, cx + rc, cy + rc], **line)
+    elif outline:
+        pts = _polygon(shape, cx, cy, r, math.radians(rot))
+        d.line(pts + pts[:1], fill=fg, width=outline * k, joint="curve")
+    else:
+        d.polygon(_polygon(shape, cx, cy, r, math.radians(rot)), fill=fg)
+    if k > 1:
+        img = img.reduce(k)
+    if quality is not None:
+        buf = io.BytesIO()
+        img.save(buf, format="JPEG", quality=quality)
+        buf.seek(0)
+        img = Image.open(buf).convert("RGB")
+    params = {"picture": [W, H], "width_px": round(width, 1), "centre": [round(v, 1) for v in centre],
+              "rgb": list(fg), "background": list(bg), "rotation_deg": round(rot, 1), "outline_px": outline,
+              "supersample": k, "jpeg_quality": quality}
+    return WideSample(seed, colour, shape, position, img, params)
