@@ -92,6 +92,20 @@ def test_every_notebook_that_draws_shows_its_pictures():
     assert not missing, f"these notebooks draw but the built book shows no picture: {missing}"
 
 
+# A Markdown table that reached the page as text: its header row and its separator row in one paragraph.
+UNRENDERED_TABLE = re.compile(r"<p>\|[^<]*\n\|\s*[-—–:]+\s*\|")
+
+
+def test_tables_that_cells_display_render_as_tables():
+    """A cell's ``display(Markdown(table))`` must become an HTML table (myst-nb's ``nb_render_markdown_format``:
+    with its commonmark default the pipes were printed as one paragraph on five pages)."""
+    html = require_built_book()
+    assert UNRENDERED_TABLE.search("<p>| a | b |\n|---|---|\n| 1 | 2 |</p>")     # the pattern finds the failure
+    bad = sorted(str(p.relative_to(html)) for p in (html / "notebooks").rglob("*.html")
+                 if UNRENDERED_TABLE.search(p.read_text(encoding="utf-8")))
+    assert not bad, f"Markdown tables printed as text on: {bad}"
+
+
 def _chromium() -> str:
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if not exe:
