@@ -493,11 +493,12 @@ def quiet_series(notebook: str, params: dict, names: "list[str] | tuple[str, ...
             rejected.append(f"{doc['provenance']['runner']}：{why}")
         else:
             load1, cpus = start_load(doc)
-            chosen.append((load1 / cpus, _neg_date(doc["provenance"]["date"]), doc))
+            chosen.append((load1 / cpus, doc))
     if not chosen:
         where = "；".join(rejected) if rejected else "还没有任何 runner 的记录"
         return None, f"{notebook} 还没有安静的重跑记录（{where}）"
-    _, _, doc = min(chosen, key=lambda c: c[:2])
+    chosen.sort(key=lambda c: c[1]["provenance"]["date"], reverse=True)   # newest first: min keeps the first of ties
+    _, doc = min(chosen, key=lambda c: c[0])
     load1, cpus = start_load(doc)
     values = {f["name"]: f.get("value") for f in doc["figures"]}
     run = QuietRun(notebook, doc["provenance"]["runner"], {n: values[n] for n in names} if names else values,
@@ -542,11 +543,6 @@ def reading(rec: "Recorder", names: "list[str] | tuple[str, ...]", *timings: "Ti
     load1 = rec.load_at_start[0] if rec.load_at_start else None
     quiet, why = quiet_series(rec.notebook, rec.params, names, root=root)
     return Reading(machine_state(*timings, load1=load1), quiet, why)
-
-
-def _neg_date(date: str) -> tuple:
-    """A sort key that puts the newer ISO date first."""
-    return tuple(-ord(c) for c in date)
 
 
 # --------------------------------------------------------------------------- commits and staleness

@@ -496,10 +496,10 @@ def format_table(res: dict) -> str:
     return "\n".join(L)
 
 
-
 def _loads(load: "list[float] | tuple[float, ...] | None") -> str:
     """A 1/5/15-minute load average as printed, or "unknown" where the OS keeps none."""
     return " / ".join(f"{v:.2f}" for v in load) if load else "unknown"
+
 
 # ------------------------------------------------------------------------------ make peers: smoke and choose
 def smoke(build_json: "str | os.PathLike", log=print) -> str:
