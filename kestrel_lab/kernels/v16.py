@@ -370,6 +370,58 @@ def _group_portable(nib, sc, xw, xc, xd, F, Si):
         block16_fma_portable(nib, b * BLOCK_BYTES, xw, b * 8, np.int32(xc[b]), Sf, b * QV, xd[b] * K.F16_SCALE, F)
 
 
+@njit(fastmath=True, cache=True, inline="always")
+def _pair_vnni(ga, sa, gb, sb, xw, xc, xd, Fa, Fb, Sa, Sb):
+    """Two groups' 16 outputs for one token, block by block side by side (``vpdpbusd``): SwiGLU's gate and up.
+
+    One group after the other left the start of every group unprefetched (``_prefetch_ahead`` runs past the
+    end of a group's row into the next group of the *same* matrix, while the next read was the other
+    matrix's); two streams walked together are both prefetched, at the group boundary included."""
+    Saf, Sbf = Sa.view(np.float32), Sb.view(np.float32)
+    _scales(sa, Sa)
+    _scales(sb, Sb)
+    Fa[:] = 0
+    Fb[:] = 0
+    for b in range(xd.shape[0]):
+        _prefetch_ahead(ga, b * BLOCK_BYTES)
+        _prefetch_ahead(gb, b * BLOCK_BYTES)
+        c, dx = np.int32(xc[b]), xd[b] * K.F16_SCALE
+        block16_fma(ga, b * BLOCK_BYTES, xw, b * 8, c, Saf, b * QV, dx, Fa)
+        block16_fma(gb, b * BLOCK_BYTES, xw, b * 8, c, Sbf, b * QV, dx, Fb)
+
+
+@njit(fastmath=True, cache=True, inline="always")
+def _pair_avx2(ga, sa, gb, sb, xw, xc, xd, Fa, Fb, Sa, Sb):
+    """``_pair_vnni`` with ``vpmaddubsw`` + ``vpmaddwd``."""
+    Saf, Sbf = Sa.view(np.float32), Sb.view(np.float32)
+    _scales(sa, Sa)
+    _scales(sb, Sb)
+    Fa[:] = 0
+    Fb[:] = 0
+    for b in range(xd.shape[0]):
+        _prefetch_ahead(ga, b * BLOCK_BYTES)
+        _prefetch_ahead(gb, b * BLOCK_BYTES)
+        c, dx = np.int32(xc[b]), xd[b] * K.F16_SCALE
+        block16_fma_avx2(ga, b * BLOCK_BYTES, xw, b * 8, c, Saf, b * QV, dx, Fa)
+        block16_fma_avx2(gb, b * BLOCK_BYTES, xw, b * 8, c, Sbf, b * QV, dx, Fb)
+
+
+@njit(fastmath=True, cache=True, inline="always")
+def _pair_portable(ga, sa, gb, sb, xw, xc, xd, Fa, Fb, Sa, Sb):
+    """``_pair_vnni`` in plain loops."""
+    Saf, Sbf = Sa.view(np.float32), Sb.view(np.float32)
+    _scales(sa, Sa)
+    _scales(sb, Sb)
+    Fa[:] = 0
+    Fb[:] = 0
+    for b in range(xd.shape[0]):
+        _prefetch_ahead(ga, b * BLOCK_BYTES)
+        _prefetch_ahead(gb, b * BLOCK_BYTES)
+        c, dx = np.int32(xc[b]), xd[b] * K.F16_SCALE
+        block16_fma_portable(ga, b * BLOCK_BYTES, xw, b * 8, c, Saf, b * QV, dx, Fa)
+        block16_fma_portable(gb, b * BLOCK_BYTES, xw, b * 8, c, Sbf, b * QV, dx, Fb)
+
+
 def _make_kernels(isa: str):
     """matvec / three matvecs / SwiGLU / matmul on ``Q4_0_V16``: ``isa`` "vnni" (``vpdpbusd``), "avx2"
     (``vpmaddubsw`` + ``vpmaddwd``) or "portable" (plain loops).
@@ -440,17 +492,15 @@ def _make_kernels(isa: str):
         for c in prange(nchunk):
             Fg = np.empty(QV, np.float32)
             Fu = np.empty(QV, np.float32)
-            Si = np.empty(sg.shape[1], np.int32)
+            Sg = np.empty(sg.shape[1], np.int32)
+            Su = np.empty(su.shape[1], np.int32)
             for g in range(c * step, min(ng, c * step + step)):
                 if isa == "vnni":
-                    _group_vnni(ng_[g], sg[g], xw, xc[0], xd[0], Fg, Si)
-                    _group_vnni(nu[g], su[g], xw, xc[0], xd[0], Fu, Si)
+                    _pair_vnni(ng_[g], sg[g], nu[g], su[g], xw, xc[0], xd[0], Fg, Fu, Sg, Su)
                 elif isa == "avx2":
-                    _group_avx2(ng_[g], sg[g], xw, xc[0], xd[0], Fg, Si)
-                    _group_avx2(nu[g], su[g], xw, xc[0], xd[0], Fu, Si)
+                    _pair_avx2(ng_[g], sg[g], nu[g], su[g], xw, xc[0], xd[0], Fg, Fu, Sg, Su)
                 else:
-                    _group_portable(ng_[g], sg[g], xw, xc[0], xd[0], Fg, Si)
-                    _group_portable(nu[g], su[g], xw, xc[0], xd[0], Fu, Si)
+                    _pair_portable(ng_[g], sg[g], nu[g], su[g], xw, xc[0], xd[0], Fg, Fu, Sg, Su)
                 for r in range(QV):
                     out[g * QV + r] = K.silu(Fg[r]) * Fu[r]
 
