@@ -27,9 +27,32 @@ if _SLP is None and _os.uname().machine.lower() in ("aarch64", "arm64"):
     if "numba" in _sys.modules:  # numba read its config at import; it reads this one at each compile
         _sys.modules["numba"].config.SLP_VECTORIZE = 1
 
+
+def _kernel_sources_digest() -> str:
+    """A digest of every package module that holds ``cache=True`` kernels. numba checks a cached function
+    against its own file only: after an edit of ``kernels/v16.py`` the cached whole-step kernel of
+    ``kernels/step.py`` (which inlined v16's code) would still run the old code, silently. Keying the
+    cache folder by these sources makes any kernel edit compile afresh."""
+    import hashlib
+    from pathlib import Path
+
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parent
+    for path in sorted(root.rglob("*.py")):
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        if b"cache=True" in data:
+            h.update(path.relative_to(root).as_posix().encode() + b"\0" + data)
+    return h.hexdigest()[:12]
+
+
 if "NUMBA_CACHE_DIR" not in _os.environ:
-    # kernels cached under other code-generation settings are not reused: their folder differs
-    _os.environ["NUMBA_CACHE_DIR"] = str(_cache_dir() / ("numba-slp" if _SLP == "1" else "numba"))
+    # kernels cached under other code-generation settings, or compiled from other kernel sources, are not
+    # reused: their folder differs
+    _os.environ["NUMBA_CACHE_DIR"] = str(_cache_dir() / ("numba-slp" if _SLP == "1" else "numba")
+                                         / _kernel_sources_digest())
     if "numba" in _sys.modules:  # numba read its config at import: tell it directly
         _sys.modules["numba"].config.CACHE_DIR = _os.environ["NUMBA_CACHE_DIR"]
 
