@@ -160,9 +160,10 @@ def n_pads(grid_row) -> int:
 class Batcher:
     """Pictures → pixel_values / image_grid_thw (transformers' PIL processor) and token batches."""
 
-    def __init__(self, prompts: Prompts, drawer: str = "default"):
+    def __init__(self, prompts: Prompts, drawer: str = "default", default_every: int = 0):
         self.p = prompts
         self.drawer = drawer
+        self.default_every = default_every   # wide drawer: every N-th seed from the default drawer (0: none)
         self.proc = Qwen2VLImageProcessorPil(
             size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS}, patch_size=PATCH,
             temporal_patch_size=TEMPORAL, merge_size=MERGE, image_mean=[0.5] * 3, image_std=[0.5] * 3)
@@ -173,7 +174,7 @@ class Batcher:
 
     def draw(self, seed: int):
         """(picture, answer) of a training seed from this batcher's drawer."""
-        if self.drawer == "wide":
+        if self.drawer == "wide" and not (self.default_every and seed % self.default_every == 0):
             smp = synthetic.sample_wide(seed)
             return smp.image, smp.answer
         return synthetic.draw(seed)
@@ -446,6 +447,8 @@ def _drawer_words(tr: dict) -> str:
         out += (" from the wide drawer (`synthetic.sample_wide`: 224–640 px pictures, square or not, shapes from "
                 "24 px to 45 % of the short side, palette and named-colour shades, white/grey/tinted backgrounds, "
                 "fills and outlines, supersampled or hard edges, some JPEG)")
+        if tr.get("args", {}).get("default_every"):
+            out += f", every {tr['args']['default_every']}th seed from the default drawer"
     if tr.get("schedule_steps", tr["steps"]) != tr["steps"]:
         out += f", stopped after {tr['steps']} of a {tr['schedule_steps']}-step schedule"
     if tr.get("seconds_per_step"):
@@ -678,6 +681,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--drawer", choices=("default", "wide"), default="default",
                     help="training pictures: synthetic.sample (256×256, one palette) or synthetic.sample_wide "
                     "(224–640 px, 24 px to 45 %% shapes, named-colour shades, outlines, hard edges, JPEG)")
+    ap.add_argument("--default-every", type=int, default=0,
+                    help="with --drawer wide, draw every N-th training seed with the default drawer instead, so "
+                    "the training drawer's own pictures stay in the mix (0: never)")
     ap.add_argument("--stop-after", type=int, default=None,
                     help="stop after N of the --steps steps (the learning-rate schedule stays that of --steps; "
                     "a reproducible part of a longer run)")
@@ -738,7 +744,7 @@ def main(argv=None) -> int:
 
     tok = Tokenizer.default()
     prompts = Prompts(tok)
-    batcher = Batcher(prompts, args.drawer)
+    batcher = Batcher(prompts, args.drawer, args.default_every if args.drawer == "wide" else 0)
     cfg = build_config(args.width, args.depth, args.heads, [int(x) for x in args.deepstack.split(",")])
     if args.init_from:
         torch.manual_seed(args.seed)
