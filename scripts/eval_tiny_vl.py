@@ -34,6 +34,7 @@ for _p in (REPO, REPO / "scripts"):
 
 from kestrel_lab import machine, models  # noqa: E402
 from kestrel_lab.atomic import atomic_write, write_json  # noqa: E402
+from kestrel_lab.golden import MARGIN_THRESHOLD  # noqa: E402
 from kestrel_lab.measure import utc_now  # noqa: E402
 from kestrel_lab.vision import independent, synthetic  # noqa: E402
 
@@ -102,10 +103,12 @@ def run_engine(quant: str, sets: dict, tok, log, model_dir: Path = MODEL_DIR) ->
         scored = []
         for k, r in enumerate(rows):
             image = load_image(_image(kind, r), vision=eng.config.vision)
-            ids = answer(eng, tok, image, synthetic.QUESTION)
+            margins = [] if quant == "f32" else None
+            ids = answer(eng, tok, image, synthetic.QUESTION, margins)
             text = tok.decode([i for i in ids if i != IM_END])
             sc = independent.score(tuple(r["expected"]), text, ids[-1:] == [IM_END])
-            r.setdefault("engine", {})[quant] = {"ids": ids, "got": text, **sc}
+            r.setdefault("engine", {})[quant] = {"ids": ids, "got": text, **sc,
+                                                 **({"margins": margins} if margins is not None else {})}
             scored.append({**r, **sc})
             exact += sc["exact"]
             if "got_ids" in r:   # transformers answered this one: compare token for token
@@ -114,16 +117,35 @@ def run_engine(quant: str, sets: dict, tok, log, model_dir: Path = MODEL_DIR) ->
                 agree += same
                 r.setdefault("engine_same", {})[quant] = same
                 if not same:
-                    differ.append({"id": r.get("seed", r.get("index")), "transformers": r["got"], "engine": text})
+                    differ.append({"id": r.get("seed", r.get("index")), "transformers": r["got"], "engine": text,
+                                   **first_difference(r, ids, quant)})
             if (k + 1) % 40 == 0:
                 log(f"engine {quant} {kind} {k + 1}/{len(rows)}: {exact} exact, {time.perf_counter() - t0:.0f} s")
         n = len(rows)
         out[kind] = {"n": n, "exact": exact, "accuracy": exact / n, "compared": compared, "agree": agree,
                      "agreement": agree / compared if compared else None,
+                     "margin_threshold": MARGIN_THRESHOLD[quant],
+                     "near_ties": sum(bool(d["near_tie"]) for d in differ),
                      "tables": independent.tally(scored) if kind == "independent" else None,
                      "seconds": round(time.perf_counter() - t0, 1), "disagreements": differ}
         log(f"engine {quant} {kind}: {agree}/{compared} same ids, {exact}/{n} exact, {out[kind]['seconds']} s")
     return out
+
+
+def first_difference(r: dict, ids: list[int], quant: str) -> dict:
+    """Where the engine's ids first leave transformers' and how close that step was: the reference's top-2
+    margin there (its chosen logit minus the runner-up). The reference margins are the F32 engine's, taken
+    only where its ids equal transformers' on this item (its logits then follow transformers' to float
+    rounding). A difference at a margin ≤ ``golden.MARGIN_THRESHOLD[quant]`` is a near-tie that a quantised
+    weight may flip, as in the golden files; one above it is not explained by quantisation noise."""
+    want = r["got_ids"]
+    step = next((i for i, (a, b) in enumerate(zip(ids, want)) if a != b), min(len(ids), len(want)))
+    ref = r.get("engine", {}).get("f32", {})
+    margin = None
+    if quant != "f32" and ref.get("ids") == want and step < len(ref.get("margins", [])):
+        margin = ref["margins"][step]
+    return {"step": step, "margin": margin,
+            "near_tie": margin is not None and margin <= MARGIN_THRESHOLD[quant]}
 
 
 def pct(x) -> str:
@@ -153,12 +175,21 @@ def readme_section(doc: dict) -> str:
     lines += _share_table("independent: picture", t["by"]["picture"]) + [""]
     for f in independent.FIELDS:
         lines += [independent.confusion_markdown(t["confusion"][f], f"{f}: drawn \\ answered"), ""]
-    eng = ["| VQF | set | items | engine exact | compared with transformers | same ids |", "|---|---|---|---|---|---|"]
+    eng = ["| VQF | set | items | engine exact | compared with transformers | same ids | differ at a near-tie "
+           "| differ beyond it |", "|---|---|---|---|---|---|---|---|"]
     for q, sets in doc["engine"].items():
         for kind, r in sets.items():
+            near = r.get("near_ties")
+            beyond = None if near is None else r["compared"] - r["agree"] - near
             eng.append(f"| {q.upper()} | {kind} | {r['n']} | {r['exact']} ({pct(r['accuracy'])}) | {r['compared']} "
-                       f"| {r['agree']} ({pct(r['agreement'])}) |")
-    lines += eng + ["", f"Computed by `scripts/eval_tiny_vl.py` at commit {p['commit']} on {p['machine']} "
+                       f"| {r['agree']} ({pct(r['agreement'])}) | {'—' if near is None else near} "
+                       f"| {'—' if beyond is None else beyond} |")
+    lines += eng + ["", "A near-tie: where the engine's ids first leave transformers', the reference's top-2 margin "
+                    "(its chosen logit minus the runner-up; the F32 engine's, which gives transformers' ids on that "
+                    "item) is at most the golden files' threshold for that quant "
+                    f"({', '.join(f'{q.upper()} {t}' for q, t in MARGIN_THRESHOLD.items() if q in doc['engine'])}): "
+                    "a quantised weight may flip such a step. A difference beyond it is not quantisation noise.",
+                    "", f"Computed by `scripts/eval_tiny_vl.py` at commit {p['commit']} on {p['machine']} "
                     f"({p['seconds']:.0f} s, {p['date']}); every independent item, with the drawer's parameters "
                     "and the answers, is in `independent.json`."]
     return "\n".join(lines)
@@ -285,6 +316,7 @@ def main(argv=None) -> int:
                     help="only N items of each set (a quick look: nothing is written)")
     a = ap.parse_args(argv)
     quants = [q.strip() for q in a.quants.split(",") if q.strip()]
+    quants.sort(key=lambda q: q != "f32")   # F32 first: its margins explain the other quants' differences
     sets = tuple(k.strip() for k in a.engine_sets.split(",") if k.strip())
     bad = [k for k in sets if k not in ("heldout", "independent")]
     if bad:

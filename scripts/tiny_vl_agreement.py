@@ -26,6 +26,7 @@ import numpy as np
 from kestrel_lab import machine, models
 from kestrel_lab.atomic import atomic_write, write_json
 from kestrel_lab.engine.vl import open_engine
+from kestrel_lab.golden import top2_margin
 from kestrel_lab.measure import utc_now
 from kestrel_lab.paths import REPO_ROOT
 from kestrel_lab.vision import prompt as VP
@@ -42,8 +43,9 @@ IM_END = 151645
 MAX_NEW = 24
 
 
-def answer(eng, tok, image, question: str) -> list[int]:
-    """The engine's greedy ids for one picture (stops after <|im_end|> or <|endoftext|>)."""
+def answer(eng, tok, image, question: str, margins: list | None = None) -> list[int]:
+    """The engine's greedy ids for one picture (stops after <|im_end|> or <|endoftext|>); with ``margins`` (a
+    list), each step's top-2 margin (chosen logit minus the runner-up, ``golden.top2_margin``) is appended."""
     msg = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
     ids = VP.encode_vl_chat(tok, msg, [image.grid_thw])
     eng.reset()
@@ -51,6 +53,8 @@ def answer(eng, tok, image, question: str) -> list[int]:
     out = []
     for _ in range(MAX_NEW):
         nxt = int(np.argmax(logits))
+        if margins is not None:
+            margins.append(round(top2_margin(logits)[1], 4))
         out.append(nxt)
         if nxt in (IM_END, 151643):
             break

@@ -215,17 +215,31 @@ def test_eval_readme_section_from_a_fake_run(tmp_path):
     text = ev.readme_section(doc)
     assert "| independent drawer | 2 | 1 (50.0 %) | 50.0 % | 100.0 % | 100.0 % |" in text
     assert "| 40-69 px | 1 | 0 (0.0 %) | 0.0 % |" in text and "| 320×240 | 1 |" in text
-    assert "| Q4_0 | independent | 2 | 1 (50.0 %) | 2 | 1 (50.0 %) |" in text
+    assert "| Q4_0 | independent | 2 | 1 (50.0 %) | 2 | 1 (50.0 %) | — | — |" in text   # no margins recorded
+    doc["engine"]["q4_0"]["independent"].update(near_ties=1, margin_threshold=0.5)
+    text = ev.readme_section(doc)
+    assert "| Q4_0 | independent | 2 | 1 (50.0 %) | 2 | 1 (50.0 %) | 1 | 0 |" in text and "Q4_0 0.5" in text
     assert text.startswith("Independent set answered 2 by transformers.")
     assert "| 橙 | 0 | 0 | 1 | 0 | 0 | 0 | 0 |" in text    # colour confusion: orange answered yellow
     readme = tmp_path / "README.md"
-    readme.write_text(f"# m\n\n{ev.BEGIN}\nold\n{ev.END}\ntail\n", encoding="utf-8")
+    readme.write_text(f"# m\n\n{ev.BEGIN}\nOLD SECTION\n{ev.END}\ntail\n", encoding="utf-8")
     ev.rewrite_readme(readme, doc)
     new = readme.read_text(encoding="utf-8")
-    assert "old" not in new and text in new and new.endswith(f"{ev.END}\ntail\n")
+    assert "OLD SECTION" not in new and text in new and new.endswith(f"{ev.END}\ntail\n")
     readme.write_text("# no markers\n", encoding="utf-8")
     with pytest.raises(SystemExit, match="README.md: the markers"):
         ev.rewrite_readme(readme, doc)
+
+
+def test_first_difference_takes_the_f32_engines_margin_where_it_equals_transformers():
+    ev = _eval_script()
+    row = {"got_ids": [5, 6, 7, 151645], "engine": {"f32": {"ids": [5, 6, 7, 151645], "margins": [9.0, 0.3, 4.0, 8.0]}}}
+    assert ev.first_difference(row, [5, 9, 7, 151645], "q4_0") == {"step": 1, "margin": 0.3, "near_tie": True}
+    assert ev.first_difference(row, [5, 6, 8, 151645], "q4_0") == {"step": 2, "margin": 4.0, "near_tie": False}
+    assert ev.first_difference(row, [5, 6, 7], "q8_0")["step"] == 3          # stopped early: the next step
+    row["engine"]["f32"]["ids"] = [5, 6, 8, 151645]                         # F32 itself differs: no margin to lean on
+    assert ev.first_difference(row, [5, 9, 7, 151645], "q4_0") == {"step": 1, "margin": None, "near_tie": False}
+    assert ev.first_difference(row, [5, 9, 7, 151645], "f32")["near_tie"] is False
 
 
 def test_committed_independent_json_is_consistent():
