@@ -262,6 +262,20 @@ def init_model(cfg: dict, prompts: Prompts, poem_dir: Path, seed: int):
                    "used_rows_new": fresh, "used_rows_from_poem": len(prompts.used) - fresh}
 
 
+def checkpoint_evaluation(folder: Path) -> dict | None:
+    """The starting checkpoint's own scores, from the independent.json beside it (scripts/eval_tiny_vl.py), so a
+    later stage can say what it changed: both sets' overall scores, the independent set by size band and
+    picture, and where they were computed. None when the folder has no such file."""
+    path = folder / "independent.json"
+    if not path.is_file():
+        return None
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    t = doc["independent"]["tables"]
+    return {"file": _rel(path), "provenance": doc["provenance"],
+            "heldout": doc["heldout"]["transformers"]["overall"], "independent": t["overall"],
+            "independent_by": {k: t["by"][k] for k in ("band", "picture") if k in t["by"]}}
+
+
 def init_from_checkpoint(folder: Path, prompts: Prompts):
     """A later training stage: start from a checkpoint this script wrote (same used rows)."""
     model = Qwen3VLForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
@@ -272,6 +286,7 @@ def init_from_checkpoint(folder: Path, prompts: Prompts):
                          f"{prompts.used[:8]}… of this task")
     prev = json.loads((folder / "training.json").read_text(encoding="utf-8"))
     return model, {"from_checkpoint": _rel(folder), "used_rows": len(prompts.used),
+                   "evaluation": checkpoint_evaluation(folder),
                    "previous_stage": {k: prev[k] for k in ("command", "steps", "batch", "train_images",
                                                             "first_train_seed", "last_train_seed", "train_seconds",
                                                             "train_cpu_seconds", "loss_log", "loss_first",
@@ -499,7 +514,23 @@ def _independent_section(out: Path) -> list[str]:
             "in four size bands, pictures from 256×256 to 640×480 (square and not), white or light named "
             "backgrounds, some outlines, some JPEG; every (colour, shape, position) twice, each time in another size "
             "band. Beside it, today's held-out set through the same code. Scored per field by parsing the answer "
-            "back.", "", BEGIN, *body, END, ""]
+            "back.", "", *_before_words(out), BEGIN, *body, END, ""]
+
+
+def _before_words(out: Path) -> list[str]:
+    """What the starting checkpoint scored (training.json's init.evaluation), for a stage that started from one."""
+    path = out / "training.json"
+    ev = json.loads(path.read_text(encoding="utf-8")).get("init", {}).get("evaluation") if path.is_file() else None
+    if not ev:
+        return []
+    ind, ho, p = ev["independent"], ev["heldout"], ev["provenance"]
+    by_band = ev.get("independent_by", {}).get("band", {})
+    bands = ", ".join(f"{k} {100 * v['accuracy']:.1f} %" for k, v in by_band.items())
+    return [f"Before the last stage, the checkpoint it started from answered {ind['exact']}/{ind['n']} "
+            f"({100 * ind['accuracy']:.1f} %) of the independent set exactly (colour {100 * ind['colour']:.1f} %, "
+            f"shape {100 * ind['shape']:.1f} %, position {100 * ind['position']:.1f} %; by size band: {bands}) and "
+            f"{ho['exact']}/{ho['n']} of today's held-out set (`{p['script']}` at commit {p['commit']}, kept in "
+            "training.json as `init.evaluation`). After it:", ""]
 
 
 def _engine_section(old_readme: str | None) -> list[str]:
