@@ -422,25 +422,37 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def _stages(tr: dict) -> list[dict]:
+    """The training stages that made this checkpoint, oldest first (each later stage's ``init.previous_stage``
+    is the one before it); the last is ``tr`` itself."""
+    chain = [tr]
+    while (chain[-1].get("init") or {}).get("previous_stage"):
+        chain.append(chain[-1]["init"]["previous_stage"])
+    return chain[::-1]
+
+
 def _start_lines(tr: dict) -> list[str]:
-    """README bullets on where training started (the poem model, or a first stage of this script)."""
-    init, out = tr["init"], []
-    prev = init.get("previous_stage")
-    first = prev["init"] if prev else init
-    out.append("- Start: transformers' own initialisation (seeded) for the vision tower; the poem model's 4 text "
-               f"layers and final norm; {first['used_rows_from_poem']} of the {first['used_rows']} used embedding "
-               f"rows from the poem model, the {first['used_rows_new']} it never saw (e.g. 红色, 正方形) drawn "
-               "N(0, σ²) with σ its rows' std. Everything is trained (vision tower, mergers, text layers, the used "
-               "rows); nothing is frozen except the zero rows, which stay zero.")
-    if prev:
-        pa = prev["args"]
-        out.append(f"- Two stages. Stage 1: `{prev['command'].strip()}` — {prev['steps']} steps of {prev['batch']} "
-                   f"(seeds {prev['first_train_seed']}…{prev['last_train_seed']}), lr {pa['lr']:g} → "
-                   f"{pa['final_lr']:g}, loss {prev['loss_first']:.3f} → {prev['loss_last']:.4f}, "
-                   f"{prev['train_seconds']:.0f} s wall / {prev['train_cpu_seconds']:.0f} s CPU. Stage 2 (the "
-                   f"command above) starts from stage 1's bf16 checkpoint with a fresh optimiser and new seeds "
-                   f"(by default the {STAGE2_STEPS}-step stage on the seeds after stage 1's). "
-                   "`make tiny-vl` runs both stages.")
+    """README bullets on where training started (the poem model) and each stage before the last."""
+    stages = _stages(tr)
+    first = stages[0]["init"]
+    out = ["- Start: transformers' own initialisation (seeded) for the vision tower; the poem model's 4 text "
+           f"layers and final norm; {first['used_rows_from_poem']} of the {first['used_rows']} used embedding "
+           f"rows from the poem model, the {first['used_rows_new']} it never saw (e.g. 红色, 正方形) drawn "
+           "N(0, σ²) with σ its rows' std. Everything is trained (vision tower, mergers, text layers, the used "
+           "rows); nothing is frozen except the zero rows, which stay zero."]
+    if len(stages) > 1:
+        words = []
+        for k, st in enumerate(stages[:-1], 1):
+            a = st["args"]
+            drawer = " on the wide drawer" if a.get("drawer") == "wide" else ""
+            words.append(f"Stage {k}: `{st['command'].strip()}` — {st['steps']} steps of {st['batch']}{drawer} "
+                         f"(seeds {st['first_train_seed']}…{st['last_train_seed']}), lr {a['lr']:g} → "
+                         f"{a['final_lr']:g}, loss {st['loss_first']:.3f} → {st['loss_last']:.4f}, "
+                         f"{st['train_seconds']:.0f} s wall / {st['train_cpu_seconds']:.0f} s CPU.")
+        out.append(f"- {len(stages)} stages. " + " ".join(words) + f" Stage {len(stages)} (the command above) starts "
+                   f"from stage {len(stages) - 1}'s bf16 checkpoint with a fresh optimiser and new seeds. "
+                   "`make tiny-vl` runs the first two stages (the second by default "
+                   f"{STAGE2_STEPS} steps on the seeds after the first's); `make tiny-vl-wide` adds the wide one.")
     return out
 
 
@@ -570,8 +582,8 @@ def write_readme(out: Path, keep_engine_section: bool = False) -> Path:
     wrong = [i for i in ho["items"] if not i["ok"]]
     combos = "、".join(f"{p}的{c}色{s}" for c, s, p in ho["heldout_combos"])
     prev = tr["init"].get("previous_stage")
-    wall = tr["train_seconds"] + (prev["train_seconds"] if prev else 0)
-    cpu = tr["train_cpu_seconds"] + (prev["train_cpu_seconds"] if prev else 0)
+    stages = _stages(tr)
+    wall = sum(st_["train_seconds"] for st_ in stages)
     n_random = sum(1 for i in ho["items"] if i["seed"] < synthetic.UNSEEN_SEED_START)
     n_extra = len(ho["items"]) - n_random
     pct = lambda x: f"{100 * x:.1f} %"  # noqa: E731
@@ -641,9 +653,12 @@ def write_readme(out: Path, keep_engine_section: bool = False) -> Path:
         f"{tr['loss_check']['used_rows']:.6f} vs {tr['loss_check']['transformers']:.6f}.",
         f"- Loss: {tr['loss_first']:.3f} (first step) → {tr['loss_last']:.4f} (mean of the last "
         f"{a['log_every']} steps).",
-        f"- Time: {wall:.0f} s wall ({wall / 60:.1f} min), {cpu:.0f} s CPU, for the training loop"
-        f"{' of both stages' if prev else ''}; {tr['total_seconds']:.0f} s for the last command with the evaluation. "
-        f"Machine: {ver['cpu']}, "
+        f"- Time: {tr['train_seconds']:.0f} s wall ({tr['train_seconds'] / 60:.1f} min), "
+        f"{tr['train_cpu_seconds']:.0f} s CPU for this stage's training loop"
+        + (f" ({wall:.0f} s wall for the training loops of all {len(stages)} stages; each earlier stage's seconds, "
+           "above, were measured on the machine of its own run)" if len(stages) > 1 else "")
+        + f"; {tr['total_seconds']:.0f} s for the last command with the evaluation. "
+        f"Machine (this stage): {ver['cpu']}, "
         f"{ver['machine']}; it was shared with other jobs and the run was under `nice -n 10`, so the wall time is "
         "an upper bound.",
         f"- Versions: torch {ver['torch']}, transformers {ver['transformers']}, numpy {ver['numpy']}, Pillow "
