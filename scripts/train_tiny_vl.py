@@ -510,7 +510,7 @@ ENGINE_END = "<!-- engine-agreement:end -->"
 INDEPENDENT_HEADING = "## A second, independent drawer"
 
 
-def _independent_section(out: Path) -> list[str]:
+def _independent_section(out: Path, tr: dict) -> list[str]:
     """The README's section on the independent drawer, from independent.json (scripts/eval_tiny_vl.py)."""
     from eval_tiny_vl import BEGIN, END, OUT_NAME, readme_section
 
@@ -526,13 +526,12 @@ def _independent_section(out: Path) -> list[str]:
             "in four size bands, pictures from 256×256 to 640×480 (square and not), white or light named "
             "backgrounds, some outlines, some JPEG; every (colour, shape, position) twice, each time in another size "
             "band. Beside it, today's held-out set through the same code. Scored per field by parsing the answer "
-            "back.", "", *_before_words(out), BEGIN, *body, END, ""]
+            "back.", "", *_before_words(tr), BEGIN, *body, END, ""]
 
 
-def _before_words(out: Path) -> list[str]:
+def _before_words(tr: dict) -> list[str]:
     """What the starting checkpoint scored (training.json's init.evaluation), for a stage that started from one."""
-    path = out / "training.json"
-    ev = json.loads(path.read_text(encoding="utf-8")).get("init", {}).get("evaluation") if path.is_file() else None
+    ev = (tr.get("init") or {}).get("evaluation")
     if not ev:
         return []
     ind, ho, p = ev["independent"], ev["heldout"], ev["provenance"]
@@ -690,7 +689,7 @@ def write_readme(out: Path, keep_engine_section: bool = False) -> Path:
             + (" …" if len(wrong) > 8 else "") + "." if wrong else " No item is wrong."),
         "",
         *_engine_section(old_readme),
-        *_independent_section(out),
+        *_independent_section(out, tr),
     ]
     path = out / "README.md"
     with atomic_write(path, "w") as fh:
@@ -790,7 +789,7 @@ def main(argv=None) -> int:
 
     tok = Tokenizer.default()
     prompts = Prompts(tok)
-    batcher = Batcher(prompts, args.drawer, args.default_every if args.drawer == "wide" else 0)
+    batcher = Batcher(prompts, args.drawer, args.default_every)   # only the wide drawer reads default_every
     cfg = build_config(args.width, args.depth, args.heads, [int(x) for x in args.deepstack.split(",")])
     if args.init_from:
         torch.manual_seed(args.seed)
