@@ -467,13 +467,26 @@ def _device_words(ver: dict) -> str:
     return "CPU" if ver.get("device", "cpu") == "cpu" else ver["device"]
 
 
+_FIRST_WIDE_DRAWER = ("224–640 px pictures, square or not, shapes from 24 px to 45 % of the short side, palette "
+                      "and named-colour shades, white/grey/tinted backgrounds, fills and outlines, supersampled or "
+                      "hard edges, some JPEG")
+
+
+def wide_drawer_text() -> str:
+    """What synthetic.sample_wide draws, from its constants: training.json keeps it with the stage."""
+    lo, hi = synthetic.WIDE_STAR_INNER
+    return (f"{synthetic.WIDE_SIDE[0]}–{synthetic.WIDE_SIDE[1]} px pictures, square or not, shapes from "
+            f"{synthetic.WIDE_MIN_WIDTH} px to {synthetic.WIDE_MAX_SHARE * 100:.0f} % of the short side, palette and "
+            f"named-colour shades, white/grey/tinted backgrounds, fills and outlines, supersampled or hard edges, "
+            f"some JPEG, stars with an inner radius of {lo:.2f}–{hi:.2f} of the outer")
+
+
 def _drawer_words(tr: dict) -> str:
     """' from the wide drawer (…)' and the schedule when the run stopped early; '' for the default run."""
     out = ""
     if tr.get("drawer") == "wide":
-        out += (" from the wide drawer (`synthetic.sample_wide`: 224–640 px pictures, square or not, shapes from "
-                "24 px to 45 % of the short side, palette and named-colour shades, white/grey/tinted backgrounds, "
-                "fills and outlines, supersampled or hard edges, some JPEG)")
+        # a stage records the drawer it trained on; the first wide stage predates that (its stars were fixed)
+        out += f" from the wide drawer (`synthetic.sample_wide`: {tr.get('drawer_text', _FIRST_WIDE_DRAWER)})"
         if tr.get("args", {}).get("default_every"):
             out += f", every {tr['args']['default_every']}th seed from the default drawer"
     if tr.get("schedule_steps", tr["steps"]) != tr["steps"]:
@@ -867,7 +880,8 @@ def main(argv=None) -> int:
     record = {
         "command": "python scripts/train_tiny_vl.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "args": {k: (_rel(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "steps": run_steps, "schedule_steps": args.steps, "drawer": args.drawer, "batch": args.batch,
+        "steps": run_steps, "schedule_steps": args.steps, "drawer": args.drawer,
+        **({"drawer_text": wide_drawer_text()} if args.drawer == "wide" else {}), "batch": args.batch,
         "train_images": len(seeds), "seconds_per_step": round(train_seconds / run_steps, 2),
         "first_train_seed": seeds[0], "last_train_seed": seeds[-1],
         "train_seconds": round(train_seconds, 1), "train_cpu_seconds": round(train_cpu, 1),

@@ -59,6 +59,10 @@ def test_wide_ranges_cover_what_a_student_draws():
     widths = [p["width_px"] for p in ps]
     assert min(widths) < 32 and max(widths) > 150   # both ends of the size range are drawn
     assert min(min(p["picture"]) for p in ps) < 260 and max(max(p["picture"]) for p in ps) > 560
+    inner = [p["star_inner"] for p in ps if p["star_inner"] is not None]   # stars only, thin and fat
+    assert len(inner) > 5 and all(syn.WIDE_STAR_INNER[0] <= v <= syn.WIDE_STAR_INNER[1] for v in inner)
+    assert min(inner) < 0.40 and max(inner) > 0.50
+    assert all(p["star_inner"] is None for s, p in zip(WIDE_SEEDS, ps) if syn.combo_of(s)[1] != "星形")
 
 
 def test_wide_colours_are_their_named_hue():

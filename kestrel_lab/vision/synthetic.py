@@ -129,8 +129,10 @@ def combo_of(seed: int) -> tuple[str, str, str]:
     return list(COLOURS)[c], SHAPES[s], list(POSITIONS)[p]
 
 
-def _polygon(shape: str, cx: float, cy: float, r: float, rot: float) -> list[tuple[float, float]]:
-    """Vertices (drawing pixels) of a square, an upward triangle or a five-point star."""
+def _polygon(shape: str, cx: float, cy: float, r: float, rot: float,
+             star_inner: float = 0.42) -> list[tuple[float, float]]:
+    """Vertices (drawing pixels) of a square, an upward triangle or a five-point star (inner radius
+    ``star_inner`` × r)."""
     if shape == "正方形":
         half = 0.9 * r   # as wide as the circle: its corners, not its size, tell it apart
         pts = [(-half, -half), (half, -half), (half, half), (-half, half)]
@@ -141,7 +143,7 @@ def _polygon(shape: str, cx: float, cy: float, r: float, rot: float) -> list[tup
     elif shape == "星形":
         pts = []
         for k in range(10):
-            rad = r if k % 2 == 0 else 0.42 * r
+            rad = r if k % 2 == 0 else star_inner * r
             a = math.pi / 2 + k * math.pi / 5
             pts.append((rad * math.cos(a), -rad * math.sin(a) + 0.1 * r))
     else:
@@ -246,6 +248,9 @@ WIDE_OUTLINE_SHARE = 0.2        # outlines instead of fills
 WIDE_HARD_EDGE_SHARE = 0.5      # drawn at output resolution (no supersampling)
 WIDE_JPEG_SHARE = 0.25          # saved as JPEG (quality 45–95) and read back
 WIDE_ROTATION_DEG = 15.0        # square (half the time)/triangle/star rotation, ±
+# a star's inner radius / outer radius, uniform in this range: a student's star may be a thin pentagram
+# (0.38) or a fat cartoon star; the first drawer's is always 0.42
+WIDE_STAR_INNER = (0.36, 0.56)
 
 
 @dataclass(frozen=True)
@@ -301,7 +306,8 @@ def sample_wide(seed: int) -> WideSample:
     """A picture of ``seed`` from the wide drawer: the same (colour, shape, position) as ``sample(seed)``
     (:func:`combo_of`), drawn on a 224–640 px picture (square or not) with a shape from 24 px to 45 % of
     the short side, a palette or HSV named-colour shade, a white, grey or tinted background, a fill or an
-    outline, supersampled or hard edges, sometimes JPEG. Same seed, same bytes."""
+    outline, supersampled or hard edges, sometimes JPEG, a star of thin or fat proportions. Same seed,
+    same bytes."""
     seed = _check_seed(seed)
     rng = _rng(seed)
     c, s, p = (int(rng.integers(n)) for n in (len(COLOURS), len(SHAPES), len(POSITIONS)))
@@ -320,6 +326,8 @@ def sample_wide(seed: int) -> WideSample:
     outline = int(rng.integers(2, max(3, int(width / 8)) + 1)) if rng.random() < WIDE_OUTLINE_SHARE else 0
     k = 1 if rng.random() < WIDE_HARD_EDGE_SHARE else SUPERSAMPLE
     quality = int(rng.integers(45, 96)) if rng.random() < WIDE_JPEG_SHARE else None
+    # drawn last, so every other value of a seed is what it was before stars varied
+    inner = float(rng.uniform(*WIDE_STAR_INNER)) if shape == "星形" else None
 
     img = Image.new("RGB", (W * k, H * k), bg)
     d = ImageDraw.Draw(img)
@@ -329,10 +337,10 @@ def sample_wide(seed: int) -> WideSample:
         rc = 0.9 * r
         d.ellipse([cx - rc, cy - rc, cx + rc, cy + rc], **line)
     elif outline:
-        pts = _polygon(shape, cx, cy, r, math.radians(rot))
+        pts = _polygon(shape, cx, cy, r, math.radians(rot), star_inner=inner or 0.42)
         d.line(pts + pts[:1], fill=fg, width=outline * k, joint="curve")
     else:
-        d.polygon(_polygon(shape, cx, cy, r, math.radians(rot)), fill=fg)
+        d.polygon(_polygon(shape, cx, cy, r, math.radians(rot), star_inner=inner or 0.42), fill=fg)
     if k > 1:
         img = img.reduce(k)
     if quality is not None:
@@ -342,5 +350,6 @@ def sample_wide(seed: int) -> WideSample:
         img = Image.open(buf).convert("RGB")
     params = {"picture": [W, H], "width_px": round(width, 1), "centre": [round(v, 1) for v in centre],
               "rgb": list(fg), "background": list(bg), "rotation_deg": round(rot, 1), "outline_px": outline,
-              "supersample": k, "jpeg_quality": quality}
+              "supersample": k, "jpeg_quality": quality,
+              "star_inner": None if inner is None else round(inner, 3)}
     return WideSample(seed, colour, shape, position, img, params)
