@@ -245,3 +245,33 @@ def test_the_avx2_prefill_kernel_compiles_to_vpmaddubsw_on_ymm_for_an_avx2_cpu(t
     out = subprocess.run([sys.executable, "-c", _COMPILE_AVX2], env=env, capture_output=True, text=True, check=True)
     maddubs, maddwd, zmm, dpbusd = map(int, out.stdout.split()[-4:])
     assert maddubs >= 16 * 5 and maddwd >= 2 * 5 and zmm == 0 and dpbusd == 0, out.stdout
+
+
+_DECODE_LLVM = r'''
+from numba import njit, types as T
+from kestrel_lab.kernels import v16 as V
+a1, a2 = (lambda dt: T.Array(dt, 1, "C")), (lambda dt: T.Array(dt, 2, "C"))
+plane = (a2(T.uint8), a2(T.uint16))
+act = (a2(T.int8), a2(T.int16), a2(T.float32))
+for name, sig in (("matvec_q4_v16", plane + act + (a1(T.float32), T.int64)),
+                  ("matvec_swiglu_q4_v16", plane + plane + act + (a1(T.float32), T.int64)),
+                  ("matvec_q4_v16_vnni", plane + act + (a1(T.float32), T.int64))):
+    f = njit(parallel=True, fastmath=True)(getattr(V, name).py_func)
+    f.compile(sig)
+    ir = f.inspect_llvm(sig)
+    print(name, ir.count("llvm.x86.avx"), ir.count("llvm.x86.avx512.vpdpbusd"))   # the vector ISA's intrinsics
+'''
+
+
+def test_the_decode_kernels_take_their_group_body_from_the_isa_string(tmp_path):
+    """``_group(isa, …)`` resolves while numba types the kernel: the portable matvec and SwiGLU hold no
+    AVX/AVX-512 intrinsic (so they compile on the board's aarch64), the VNNI matvec calls ``vpdpbusd``."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", _DECODE_LLVM], env=env, capture_output=True, text=True, check=True)
+    counts = {line.split()[0]: tuple(map(int, line.split()[1:])) for line in out.stdout.splitlines()}
+    assert counts["matvec_q4_v16"] == (0, 0) and counts["matvec_swiglu_q4_v16"] == (0, 0), counts
+    assert counts["matvec_q4_v16_vnni"][1] > 0, counts
