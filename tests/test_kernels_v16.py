@@ -263,9 +263,10 @@ for name, sig in (("matvec_q4_v16", plane + act + (a1(T.float32), T.int64)),
 '''
 
 
-def test_the_decode_kernels_take_their_group_body_from_the_isa_string(tmp_path):
-    """``_group(isa, …)`` resolves while numba types the kernel: the portable matvec and SwiGLU hold no
-    AVX/AVX-512 intrinsic (so they compile on the board's aarch64), the VNNI matvec calls ``vpdpbusd``."""
+def test_the_decode_kernels_keep_only_their_own_isa(tmp_path):
+    """numba prunes the ``isa == …`` branches of ``_make_kernels`` before typing: the portable matvec and
+    SwiGLU hold no AVX/AVX-512 intrinsic (so they compile on the board's aarch64), the VNNI matvec calls
+    ``vpdpbusd``."""
     import os
     import subprocess
     import sys

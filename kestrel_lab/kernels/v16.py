@@ -40,7 +40,7 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
-from numba.extending import intrinsic, overload
+from numba.extending import intrinsic
 
 from kestrel_lab.kernels import ops as K
 
@@ -370,35 +370,13 @@ def _group_portable(nib, sc, xw, xc, xd, F, Si):
         block16_fma_portable(nib, b * BLOCK_BYTES, xw, b * 8, np.int32(xc[b]), Sf, b * QV, xd[b] * K.F16_SCALE, F)
 
 
-def _group(isa, nib, sc, xw, xc, xd, F, Si):
-    """``_group_<isa>`` (numba only): ``isa`` must be a compile-time constant — a factory's closure
-    string, as in ``_make_kernels`` — and numba picks the body while it types the caller, so a portable
-    kernel never meets an x86 intrinsic and the caller's on-disk cache key stays the string."""
-    raise NotImplementedError("v16._group is resolved by numba inside a compiled function")
-
-
-_GROUP_BY_ISA = {"vnni": _group_vnni, "avx2": _group_avx2, "portable": _group_portable}
-
-
-@overload(_group, inline="always", jit_options={"cache": True})
-def _ov_group(isa, nib, sc, xw, xc, xd, F, Si):
-    if not isinstance(isa, types.StringLiteral) or isa.literal_value not in _GROUP_BY_ISA:
-        return None
-    fn = _GROUP_BY_ISA[isa.literal_value]
-
-    def impl(isa, nib, sc, xw, xc, xd, F, Si):
-        fn(nib, sc, xw, xc, xd, F, Si)
-    return impl
-
-
 def _make_kernels(isa: str):
     """matvec / three matvecs / SwiGLU / matmul on ``Q4_0_V16``: ``isa`` "vnni" (``vpdpbusd``), "avx2"
     (``vpmaddubsw`` + ``vpmaddwd``) or "portable" (plain loops).
 
-    One body, three compiled variants: numba freezes the closure's ``isa``; ``_group`` picks the group
-    body and ``matmul`` prunes the branches not taken while typing, so the portable variant never meets
-    an x86 intrinsic (and compiles on any CPU), and the closure holds only a str, which keeps numba's
-    on-disk cache key stable."""
+    One body, three compiled variants: numba freezes the closure's ``isa`` and prunes the branches not
+    taken before typing, so the portable variant never meets an x86 intrinsic (and compiles on any
+    CPU), and the closure holds only a str, which keeps numba's on-disk cache key stable."""
 
     @njit(parallel=True, fastmath=True, cache=True)
     def matvec(nib, sc, xq, xc, xd, out, nchunk):
@@ -409,7 +387,12 @@ def _make_kernels(isa: str):
             F = np.empty(QV, np.float32)
             Si = np.empty(sc.shape[1], np.int32)
             for g in range(c * step, min(ng, c * step + step)):
-                _group(isa, nib[g], sc[g], xw, xc[0], xd[0], F, Si)
+                if isa == "vnni":
+                    _group_vnni(nib[g], sc[g], xw, xc[0], xd[0], F, Si)
+                elif isa == "avx2":
+                    _group_avx2(nib[g], sc[g], xw, xc[0], xd[0], F, Si)
+                else:
+                    _group_portable(nib[g], sc[g], xw, xc[0], xd[0], F, Si)
                 out[g * QV:(g + 1) * QV] = F
 
     @njit(parallel=True, fastmath=True, cache=True)
@@ -423,15 +406,30 @@ def _make_kernels(isa: str):
             Si = np.empty(sa.shape[1], np.int32)
             for g in range(c * step, min(ng, c * step + step)):
                 if g < ga:
-                    _group(isa, na_[g], sa[g], xw, xc[0], xd[0], F, Si)
+                    if isa == "vnni":
+                        _group_vnni(na_[g], sa[g], xw, xc[0], xd[0], F, Si)
+                    elif isa == "avx2":
+                        _group_avx2(na_[g], sa[g], xw, xc[0], xd[0], F, Si)
+                    else:
+                        _group_portable(na_[g], sa[g], xw, xc[0], xd[0], F, Si)
                     oa[g * QV:(g + 1) * QV] = F
                 elif g < ga + gb:
                     h = g - ga
-                    _group(isa, nb_[h], sb[h], xw, xc[0], xd[0], F, Si)
+                    if isa == "vnni":
+                        _group_vnni(nb_[h], sb[h], xw, xc[0], xd[0], F, Si)
+                    elif isa == "avx2":
+                        _group_avx2(nb_[h], sb[h], xw, xc[0], xd[0], F, Si)
+                    else:
+                        _group_portable(nb_[h], sb[h], xw, xc[0], xd[0], F, Si)
                     ob[h * QV:(h + 1) * QV] = F
                 else:
                     h = g - ga - gb
-                    _group(isa, nc_[h], scc[h], xw, xc[0], xd[0], F, Si)
+                    if isa == "vnni":
+                        _group_vnni(nc_[h], scc[h], xw, xc[0], xd[0], F, Si)
+                    elif isa == "avx2":
+                        _group_avx2(nc_[h], scc[h], xw, xc[0], xd[0], F, Si)
+                    else:
+                        _group_portable(nc_[h], scc[h], xw, xc[0], xd[0], F, Si)
                     oc[h * QV:(h + 1) * QV] = F
 
     @njit(parallel=True, fastmath=True, cache=True)
@@ -448,10 +446,20 @@ def _make_kernels(isa: str):
             Si = np.empty(sg.shape[1], np.int32)
             lo, hi = c * step, min(ng, c * step + step)
             for g in range(lo, hi):           # gate: its 16 outputs wait in ``out``
-                _group(isa, ng_[g], sg[g], xw, xc[0], xd[0], F, Si)
+                if isa == "vnni":
+                    _group_vnni(ng_[g], sg[g], xw, xc[0], xd[0], F, Si)
+                elif isa == "avx2":
+                    _group_avx2(ng_[g], sg[g], xw, xc[0], xd[0], F, Si)
+                else:
+                    _group_portable(ng_[g], sg[g], xw, xc[0], xd[0], F, Si)
                 out[g * QV:(g + 1) * QV] = F
             for g in range(lo, hi):           # up, and the product
-                _group(isa, nu[g], su[g], xw, xc[0], xd[0], F, Si)
+                if isa == "vnni":
+                    _group_vnni(nu[g], su[g], xw, xc[0], xd[0], F, Si)
+                elif isa == "avx2":
+                    _group_avx2(nu[g], su[g], xw, xc[0], xd[0], F, Si)
+                else:
+                    _group_portable(nu[g], su[g], xw, xc[0], xd[0], F, Si)
                 for r in range(QV):
                     out[g * QV + r] = K.silu(out[g * QV + r]) * F[r]
 
