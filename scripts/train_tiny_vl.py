@@ -593,7 +593,6 @@ def write_readme(out: Path, keep_engine_section: bool = False) -> Path:
     pf = ho["per_field_accuracy"]
     wrong = [i for i in ho["items"] if not i["ok"]]
     combos = "、".join(f"{p}的{c}色{s}" for c, s, p in ho["heldout_combos"])
-    prev = tr["init"].get("previous_stage")
     stages = _stages(tr)
     wall = sum(st_["train_seconds"] for st_ in stages)
     n_random = sum(1 for i in ho["items"] if i["seed"] < synthetic.UNSEEN_SEED_START)
@@ -648,7 +647,7 @@ def write_readme(out: Path, keep_engine_section: bool = False) -> Path:
         "",
         "## Training",
         "",
-        f"{'The last stage, ' if prev else ''}`{_explicit_command(tr)}`"
+        f"{'The last stage, ' if len(stages) > 1 else ''}`{_explicit_command(tr)}`"
         f"{' (`make tiny-vl`)' if _is_make_command(tr) else ''}: "
         f"{tr['steps']} steps of {tr['batch']} pictures{_drawer_words(tr)} "
         f"({tr['train_images']:,} distinct training seeds, {tr['first_train_seed']}…{tr['last_train_seed']}, skipping "
