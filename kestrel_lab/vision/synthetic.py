@@ -129,8 +129,11 @@ def combo_of(seed: int) -> tuple[str, str, str]:
     return list(COLOURS)[c], SHAPES[s], list(POSITIONS)[p]
 
 
+STAR_INNER = 0.42          # a star's inner radius / outer radius in this drawer
+
+
 def _polygon(shape: str, cx: float, cy: float, r: float, rot: float,
-             star_inner: float = 0.42) -> list[tuple[float, float]]:
+             star_inner: float = STAR_INNER) -> list[tuple[float, float]]:
     """Vertices (drawing pixels) of a square, an upward triangle or a five-point star (inner radius
     ``star_inner`` × r)."""
     if shape == "正方形":
@@ -249,7 +252,7 @@ WIDE_HARD_EDGE_SHARE = 0.5      # drawn at output resolution (no supersampling)
 WIDE_JPEG_SHARE = 0.25          # saved as JPEG (quality 45–95) and read back
 WIDE_ROTATION_DEG = 15.0        # square (half the time)/triangle/star rotation, ±
 # a star's inner radius / outer radius, uniform in this range: a student's star may be a thin pentagram
-# (0.38) or a fat cartoon star; the first drawer's is always 0.42
+# (0.38) or a fat cartoon star; the first drawer's is always STAR_INNER
 WIDE_STAR_INNER = (0.36, 0.56)
 
 
@@ -337,10 +340,10 @@ def sample_wide(seed: int) -> WideSample:
         rc = 0.9 * r
         d.ellipse([cx - rc, cy - rc, cx + rc, cy + rc], **line)
     elif outline:
-        pts = _polygon(shape, cx, cy, r, math.radians(rot), star_inner=inner or 0.42)
+        pts = _polygon(shape, cx, cy, r, math.radians(rot), star_inner=inner or STAR_INNER)
         d.line(pts + pts[:1], fill=fg, width=outline * k, joint="curve")
     else:
-        d.polygon(_polygon(shape, cx, cy, r, math.radians(rot), star_inner=inner or 0.42), fill=fg)
+        d.polygon(_polygon(shape, cx, cy, r, math.radians(rot), star_inner=inner or STAR_INNER), fill=fg)
     if k > 1:
         img = img.reduce(k)
     if quality is not None:
