@@ -160,10 +160,11 @@ def n_pads(grid_row) -> int:
 class Batcher:
     """Pictures → pixel_values / image_grid_thw (transformers' PIL processor) and token batches."""
 
-    def __init__(self, prompts: Prompts, drawer: str = "default", default_every: int = 0):
+    def __init__(self, prompts: Prompts, drawer: str = "default", default_every: int = 0, small_share: float = 0.0):
         self.p = prompts
         self.drawer = drawer
         self.default_every = default_every   # wide drawer: every N-th seed from the default drawer (0: none)
+        self.small_share = small_share       # wide drawer: share of shapes drawn under WIDE_SMALL_WIDTH
         self.proc = Qwen2VLImageProcessorPil(
             size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS}, patch_size=PATCH,
             temporal_patch_size=TEMPORAL, merge_size=MERGE, image_mean=[0.5] * 3, image_std=[0.5] * 3)
@@ -175,7 +176,7 @@ class Batcher:
     def draw(self, seed: int):
         """(picture, answer) of a training seed from this batcher's drawer."""
         if self.drawer == "wide" and not (self.default_every and seed % self.default_every == 0):
-            smp = synthetic.sample_wide(seed)
+            smp = synthetic.sample_wide(seed, self.small_share)
             return smp.image, smp.answer
         return synthetic.draw(seed)
 
@@ -472,13 +473,15 @@ _FIRST_WIDE_DRAWER = ("224–640 px pictures, square or not, shapes from 24 px t
                       "hard edges, some JPEG")
 
 
-def wide_drawer_text() -> str:
+def wide_drawer_text(small_share: float = 0.0) -> str:
     """What synthetic.sample_wide draws, from its constants: training.json keeps it with the stage."""
     lo, hi = synthetic.WIDE_STAR_INNER
+    small = (f" ({small_share * 100:.0f} % of them drawn from {synthetic.WIDE_MIN_WIDTH} to "
+             f"{synthetic.WIDE_SMALL_WIDTH} px)" if small_share else "")
     return (f"{synthetic.WIDE_SIDE[0]}–{synthetic.WIDE_SIDE[1]} px pictures, square or not, shapes from "
-            f"{synthetic.WIDE_MIN_WIDTH} px to {synthetic.WIDE_MAX_SHARE * 100:.0f} % of the short side, palette and "
-            f"named-colour shades, white/grey/tinted backgrounds, fills and outlines, supersampled or hard edges, "
-            f"some JPEG, stars with an inner radius of {lo:.2f}–{hi:.2f} of the outer")
+            f"{synthetic.WIDE_MIN_WIDTH} px to {synthetic.WIDE_MAX_SHARE * 100:.0f} % of the short side{small}, "
+            "palette and named-colour shades, white/grey/tinted backgrounds, fills and outlines, supersampled or "
+            f"hard edges, some JPEG, stars with an inner radius of {lo:.2f}–{hi:.2f} of the outer")
 
 
 def _drawer_words(tr: dict) -> str:
@@ -741,6 +744,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--default-every", type=int, default=0,
                     help="with --drawer wide, draw every N-th training seed with the default drawer instead, so "
                     "the training drawer's own pictures stay in the mix (0: never)")
+    ap.add_argument("--small-share", type=float, default=0.0,
+                    help="with --drawer wide, the share of shapes drawn from 24 px to synthetic.WIDE_SMALL_WIDTH "
+                    "(the sizes the model misses most) instead of over the whole range (0: none)")
     ap.add_argument("--stop-after", type=int, default=None,
                     help="stop after N of the --steps steps (the learning-rate schedule stays that of --steps; "
                     "a reproducible part of a longer run)")
@@ -801,7 +807,8 @@ def main(argv=None) -> int:
 
     tok = Tokenizer.default()
     prompts = Prompts(tok)
-    batcher = Batcher(prompts, args.drawer, args.default_every)   # only the wide drawer reads default_every
+    # only the wide drawer reads default_every and small_share
+    batcher = Batcher(prompts, args.drawer, args.default_every, args.small_share)
     cfg = build_config(args.width, args.depth, args.heads, [int(x) for x in args.deepstack.split(",")])
     if args.init_from:
         torch.manual_seed(args.seed)
@@ -880,7 +887,7 @@ def main(argv=None) -> int:
         "command": "python scripts/train_tiny_vl.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "args": {k: (_rel(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "steps": run_steps, "schedule_steps": args.steps, "drawer": args.drawer,
-        **({"drawer_text": wide_drawer_text()} if args.drawer == "wide" else {}), "batch": args.batch,
+        **({"drawer_text": wide_drawer_text(args.small_share)} if args.drawer == "wide" else {}), "batch": args.batch,
         "train_images": len(seeds), "seconds_per_step": round(train_seconds / run_steps, 2),
         "first_train_seed": seeds[0], "last_train_seed": seeds[-1],
         "train_seconds": round(train_seconds, 1), "train_cpu_seconds": round(train_cpu, 1),

@@ -65,6 +65,24 @@ def test_wide_ranges_cover_what_a_student_draws():
     assert all(p["star_inner"] is None for s, p in zip(WIDE_SEEDS, ps) if syn.combo_of(s)[1] != "星形")
 
 
+def test_wide_small_share_draws_small_shapes_and_keeps_the_rest():
+    """small_share=0 is the plain drawer byte for byte; a small seed changes its width and nothing drawn before it."""
+    for seed in WIDE_SEEDS[:20]:
+        assert syn.sample_wide(seed, 0.0).image.tobytes() == syn.sample_wide(seed).image.tobytes()
+    half = [syn.sample_wide(s, 0.5).params for s in WIDE_SEEDS]
+    assert 0.3 < np.mean([p["small"] for p in half]) < 0.7
+    for s, p in zip(WIDE_SEEDS, half):
+        plain = syn.sample_wide(s).params
+        assert p["picture"] == plain["picture"]
+        if p["small"]:
+            assert syn.WIDE_MIN_WIDTH - 0.1 <= p["width_px"] <= syn.WIDE_SMALL_WIDTH + 0.1
+        else:
+            assert p == plain
+    assert all(syn.sample_wide(s, 1.0).params["width_px"] <= syn.WIDE_SMALL_WIDTH + 0.1 for s in WIDE_SEEDS)
+    with pytest.raises(ValueError, match="small_share"):
+        syn.sample_wide(3, 1.5)
+
+
 def test_wide_colours_are_their_named_hue():
     """Every colour the wide drawer picks is its palette colour (tinted) or lies in its hue range."""
     for seed in range(300):

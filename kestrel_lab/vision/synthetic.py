@@ -254,6 +254,9 @@ WIDE_ROTATION_DEG = 15.0        # square (half the time)/triangle/star rotation,
 # a star's inner radius / outer radius, uniform in this range: a student's star may be a thin pentagram
 # (0.38) or a fat cartoon star; the first drawer's is always STAR_INNER
 WIDE_STAR_INNER = (0.36, 0.56)
+# with sample_wide(seed, small_share=…), that share of the shapes is drawn from WIDE_MIN_WIDTH to this width
+# (log-uniform): the model errs most on shapes under 70 px, which cover only a few 16-px patches
+WIDE_SMALL_WIDTH = 70
 
 
 @dataclass(frozen=True)
@@ -305,19 +308,25 @@ def _wide_background(rng: np.random.Generator) -> tuple[int, int, int]:
 _WIDTH_PER_R = {"圆": 1.8, "正方形": 1.8, "三角形": math.sqrt(3.0), "星形": 2 * math.cos(math.radians(18))}
 
 
-def sample_wide(seed: int) -> WideSample:
+def sample_wide(seed: int, small_share: float = 0.0) -> WideSample:
     """A picture of ``seed`` from the wide drawer: the same (colour, shape, position) as ``sample(seed)``
     (:func:`combo_of`), drawn on a 224–640 px picture (square or not) with a shape from 24 px to 45 % of
     the short side, a palette or HSV named-colour shade, a white, grey or tinted background, a fill or an
     outline, supersampled or hard edges, sometimes JPEG, a star of thin or fat proportions. Same seed,
-    same bytes."""
+    same bytes. With ``small_share`` > 0 that share of the seeds (chosen by a stream of their own) draws
+    its shape from 24 px to :data:`WIDE_SMALL_WIDTH` instead; every other value of the seed is unchanged."""
     seed = _check_seed(seed)
+    if not 0.0 <= small_share <= 1.0:
+        raise ValueError(f"small_share must lie in [0, 1], got {small_share!r}")
+    small = small_share > 0 and float(np.random.default_rng([seed, 0x5A11]).random()) < small_share
     rng = _rng(seed)
     c, s, p = (int(rng.integers(n)) for n in (len(COLOURS), len(SHAPES), len(POSITIONS)))
     colour, shape, position = list(COLOURS)[c], SHAPES[s], list(POSITIONS)[p]
     rng = np.random.default_rng([seed, 0x3D1E])   # the wide drawer's own stream from here on
     W, H = _wide_picture(rng)
     top = WIDE_MAX_SHARE * min(W, H)
+    if small:   # still one draw from the same stream, so the later draws keep their order
+        top = min(top, WIDE_SMALL_WIDTH)
     width = float(math.exp(rng.uniform(math.log(WIDE_MIN_WIDTH), math.log(top))))
     fx, fy = (POSITIONS[position][0] / SIZE, POSITIONS[position][1] / SIZE)   # 0.25, 0.5 or 0.75
     half = width / 2
@@ -354,5 +363,5 @@ def sample_wide(seed: int) -> WideSample:
     params = {"picture": [W, H], "width_px": round(width, 1), "centre": [round(v, 1) for v in centre],
               "rgb": list(fg), "background": list(bg), "rotation_deg": round(rot, 1), "outline_px": outline,
               "supersample": k, "jpeg_quality": quality,
-              "star_inner": None if inner is None else round(inner, 3)}
+              "star_inner": None if inner is None else round(inner, 3), "small": small}
     return WideSample(seed, colour, shape, position, img, params)
