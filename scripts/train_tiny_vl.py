@@ -56,6 +56,7 @@ from torch import nn  # noqa: E402
 from transformers import AutoModelForCausalLM, Qwen3VLConfig, Qwen3VLForConditionalGeneration  # noqa: E402
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil  # noqa: E402
 
+from kestrel_lab import training_record  # noqa: E402
 from kestrel_lab.atomic import atomic_write, write_json  # noqa: E402
 from kestrel_lab.paths import tiny_poem_dir  # noqa: E402
 from kestrel_lab.vision import synthetic  # noqa: E402
@@ -423,18 +424,9 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _stages(tr: dict) -> list[dict]:
-    """The training stages that made this checkpoint, oldest first (each later stage's ``init.previous_stage``
-    is the one before it); the last is ``tr`` itself."""
-    chain = [tr]
-    while (chain[-1].get("init") or {}).get("previous_stage"):
-        chain.append(chain[-1]["init"]["previous_stage"])
-    return chain[::-1]
-
-
 def _start_lines(tr: dict) -> list[str]:
     """README bullets on where training started (the poem model) and each stage before the last."""
-    stages = _stages(tr)
+    stages = training_record.stages(tr)
     first = stages[0]["init"]
     out = ["- Start: transformers' own initialisation (seeded) for the vision tower; the poem model's 4 text "
            f"layers and final norm; {first['used_rows_from_poem']} of the {first['used_rows']} used embedding "
@@ -446,6 +438,8 @@ def _start_lines(tr: dict) -> list[str]:
         for k, st in enumerate(stages[:-1], 1):
             a = st["args"]
             drawer = " on the wide drawer" if a.get("drawer") == "wide" else ""
+            if a.get("small_share"):
+                drawer += f" ({a['small_share'] * 100:.0f} % of the shapes under {synthetic.WIDE_SMALL_WIDTH} px)"
             words.append(f"Stage {k}: `{st['command'].strip()}` — {st['steps']} steps of {st['batch']}{drawer} "
                          f"(seeds {st['first_train_seed']}…{st['last_train_seed']}), lr {a['lr']:g} → "
                          f"{a['final_lr']:g}, loss {st['loss_first']:.3f} → {st['loss_last']:.4f}, "
@@ -596,7 +590,7 @@ def write_readme(out: Path, keep_engine_section: bool = False) -> Path:
     pf = ho["per_field_accuracy"]
     wrong = [i for i in ho["items"] if not i["ok"]]
     combos = "、".join(f"{p}的{c}色{s}" for c, s, p in ho["heldout_combos"])
-    stages = _stages(tr)
+    stages = training_record.stages(tr)
     wall = sum(st_["train_seconds"] for st_ in stages)
     n_random = sum(1 for i in ho["items"] if i["seed"] < synthetic.UNSEEN_SEED_START)
     n_extra = len(ho["items"]) - n_random

@@ -154,7 +154,7 @@ RULES = (
     ("kestrel_lab.vqf.*", "formats"), ("kestrel_lab.config", "formats"), ("kestrel_lab.config_fields", "formats"),
     ("kestrel_lab.rope_scaling", "formats"),
     ("kestrel_lab.safetensors", "formats"), ("kestrel_lab.tiny_model", "formats"), ("kestrel_lab.convert", "formats"),
-    ("kestrel_lab.models", "formats"),
+    ("kestrel_lab.models", "formats"), ("kestrel_lab.training_record", "formats"),
     ("kestrel_lab", "base"), ("kestrel_lab.paths", "base"), ("kestrel_lab.atomic", "base"),
     ("kestrel_lab.limits", "base"),
     ("kestrel_lab.quant", "base"), ("kestrel_lab.memory_check", "base"), ("kestrel_lab.procfs", "base"),
