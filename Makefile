@@ -112,6 +112,8 @@ tiny-vl: $(VENV)/.ref-installed
 # scripts/eval_tiny_vl.py (engine columns), scripts/tiny_vl_agreement.py and the golden update as above.
 # Every 5th seed comes from the default drawer, so today's held-out set stays learned. On a quiet machine
 # pass ARGS="--threads 2" (3.1 s per step of 16 against 5.1 s with one thread, measured on a quiet 2-vCPU EPYC).
+# ARGS="--small-share 0.5" draws half the wide shapes from 24 to 70 px (the sizes the model misses most);
+# each stage's exact command is in the model's README and training.json.
 TINY_VL_WIDE_STEPS ?= 1200
 tiny-vl-wide: $(VENV)/.ref-installed
 	nice -n 10 $(PY) scripts/train_tiny_vl.py --init-from data/models/qwen3-tiny-vl --drawer wide --default-every 5 --steps $(TINY_VL_WIDE_STEPS) --threads 1 $(ARGS)
