@@ -26,6 +26,7 @@ def load(model_dir: str | os.PathLike) -> dict:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: no training record (the training script writes it beside the model)")
+        msg = f"{path}: no training record (the training script writes one beside the model)"
+        raise FileNotFoundError(msg) from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not JSON at line {e.lineno}, column {e.colno} (offset {e.pos}): {e.msg}") from None

@@ -314,7 +314,8 @@ def sample_wide(seed: int, small_share: float = 0.0) -> WideSample:
     the short side, a palette or HSV named-colour shade, a white, grey or tinted background, a fill or an
     outline, supersampled or hard edges, sometimes JPEG, a star of thin or fat proportions. Same seed,
     same bytes. With ``small_share`` > 0 that share of the seeds (chosen by a stream of their own) draws
-    its shape from 24 px to :data:`WIDE_SMALL_WIDTH` instead; every other value of the seed is unchanged."""
+    its shape from 24 px to :data:`WIDE_SMALL_WIDTH` instead; the picture, colour, background, edge and the
+    rest are drawn as before (what scales with the shape, such as an outline's width, follows the new one)."""
     seed = _check_seed(seed)
     if not 0.0 <= small_share <= 1.0:
         raise ValueError(f"small_share must lie in [0, 1], got {small_share!r}")
