@@ -1,8 +1,10 @@
-"""Evaluate qwen3-tiny-vl on both held-out sets, transformers and the engine side by side.
+"""Evaluate qwen3-tiny-vl on its held-out sets, transformers and the engine side by side.
 
-Two sets: today's held-out pictures (``synthetic.heldout_seeds()``, the training drawer on seeds and
-combinations training never used) and the independent set (``independent.evaluation_set()``, a
-second drawer written for this: other code, colours, sizes, picture sizes, JPEG). For each picture:
+Three sets: today's held-out pictures (``synthetic.heldout_seeds()``, the training drawer on seeds and
+combinations training never used), the independent set (``independent.evaluation_set()``, a second
+drawer written for this: other code, colours, sizes, picture sizes, JPEG) and the wide training drawer
+on seeds no stage trained on (``synthetic.wide_heldout_seeds()``), whose table by size band tells a
+shape too small for the model to see from a drawer it has not met. For each picture:
 
 - transformers (the reference): the checkpoint loaded in float32, greedy ``generate`` (the training
   script's ``greedy``: its prompt, its pixel processor);
@@ -12,7 +14,7 @@ second drawer written for this: other code, colours, sizes, picture sizes, JPEG)
 Each answer is parsed back into (colour, shape, position) and scored exactly and per field; the
 totals go by field, size band, picture size, style, background and JPEG, with the confusion tables
 (``independent.tally``). Writes independent.json beside heldout.json (atomically: per independent item
-the drawer's parameters, expected and answered text, the fields; both sets' tables; the agreement per
+the drawer's parameters, expected and answered text, the fields; every set's tables; the agreement per
 quant; commit, machine, seconds) and the README section between its markers.
 
     nice -n 10 python scripts/eval_tiny_vl.py [--quants f32,q8_0,q4_0] [--limit N] [--model DIR]
@@ -44,6 +46,8 @@ BEGIN = "<!-- independent-eval:begin (written by scripts/eval_tiny_vl.py) -->"
 END = "<!-- independent-eval:end -->"
 HEADING = "## A second, independent drawer"
 IM_END = 151645
+SETS = ("heldout", "independent", "wide")
+WIDE_BY = {"by": ("band", "style", "jpeg")}   # the wide drawer's picture sizes are random: no table by picture
 
 
 def _rows(kind: str, limit: int | None) -> list[dict]:
@@ -55,6 +59,16 @@ def _rows(kind: str, limit: int | None) -> list[dict]:
         return [{"seed": s, "expected": list(synthetic.combo_of(s)),
                  "unseen": str(synthetic.combo_of(s) in synthetic.HELDOUT_COMBOS).lower(),
                  "picture": f"{synthetic.SIZE}×{synthetic.SIZE}"} for s in seeds]
+    if kind == "wide":
+        rows = []
+        for s in synthetic.wide_heldout_seeds()[:limit]:
+            p = synthetic.sample_wide(s).params
+            rows.append({"seed": s, "expected": list(synthetic.combo_of(s)),
+                         "band": independent.band_of(p["width_px"]), "width_px": p["width_px"],
+                         "picture": f"{p['picture'][0]}×{p['picture'][1]}",
+                         "style": "outline" if p["outline_px"] else "fill",
+                         "jpeg": "jpeg" if p["jpeg_quality"] else "png"})
+        return rows
     items = independent.evaluation_set()
     if limit:   # a quick look: spread over the set, so every band shows
         items = items[::max(1, len(items) // limit)][:limit]
@@ -63,6 +77,8 @@ def _rows(kind: str, limit: int | None) -> list[dict]:
 
 
 def _image(kind: str, row: dict):
+    if kind == "wide":
+        return synthetic.sample_wide(row["seed"]).image
     return synthetic.sample(row["seed"]).image if kind == "heldout" else independent.render(
         independent.item(row["index"]))
 
@@ -126,7 +142,8 @@ def run_engine(quant: str, sets: dict, tok, log, model_dir: Path = MODEL_DIR) ->
                      "agreement": agree / compared if compared else None,
                      "margin_threshold": MARGIN_THRESHOLD[quant],
                      "near_ties": sum(bool(d["near_tie"]) for d in differ),
-                     "tables": independent.tally(scored) if kind == "independent" else None,
+                     "tables": independent.tally(scored, **WIDE_BY if kind == "wide" else {})
+                     if kind != "heldout" else None,
                      "seconds": round(time.perf_counter() - t0, 1), "disagreements": differ}
         log(f"engine {quant} {kind}: {agree}/{compared} same ids, {exact}/{n} exact, {out[kind]['seconds']} s")
     return out
@@ -161,7 +178,7 @@ def _share_table(title: str, shares: dict) -> list[str]:
 
 
 def readme_section(doc: dict) -> str:
-    """The README's section on both sets (between BEGIN and END), every figure from ``doc``."""
+    """The README's section on the held-out sets (between BEGIN and END), every figure from ``doc``."""
     ind, ho, p = doc["independent"], doc["heldout"], doc["provenance"]
     t = ind["tables"]
     by = ", ".join(f"{n} by {who}" for who, n in sorted(ind["answered_by"].items()))
@@ -169,9 +186,17 @@ def readme_section(doc: dict) -> str:
     lines = [f"Independent set answered {by}" + ("." if every == 1 else
              f" (transformers on the items whose index is a multiple of {every}; on the others the engine's answer "
              "stands in, and the last table shows how often the two agree where both answered).") + "", ""]
-    lines += _share_table("set", {"today's held-out (training drawer, transformers)": ho["transformers"]["overall"],
-                                  "independent drawer": t["overall"]}) + [""]
+    wide = doc.get("wide")
+    rows = {"today's held-out (training drawer, transformers)": ho["transformers"]["overall"]}
+    if wide:
+        rows["wide training drawer, unseen seeds (transformers)"] = wide["transformers"]["overall"]
+    lines += _share_table("set", {**rows, "independent drawer": t["overall"]}) + [""]
     lines += _share_table("independent: size band", t["by"]["band"]) + [""]
+    if wide:
+        lines += _share_table("wide training drawer, unseen seeds: size band", wide["transformers"]["by"]["band"])
+        lines += ["", f"The wide drawer's seeds from {wide['first_seed']:,} on are never trained on; its table "
+                  "beside the independent one tells a shape too small for the model to see (low in both) from a "
+                  "drawer it has not met (low in the independent set only).", ""]
     lines += _share_table("independent: picture", t["by"]["picture"]) + [""]
     for f in independent.FIELDS:
         lines += [independent.confusion_markdown(t["confusion"][f], f"{f}: drawn \\ answered"), ""]
@@ -250,7 +275,7 @@ def evaluate(model_dir: Path, quants: list[str], limit: int | None, log=print,
     tok = Tokenizer.default()
     batcher = Batcher(Prompts(tok))
     model = Qwen3VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
-    sets = {kind: _rows(kind, limit) for kind in ("heldout", "independent")}
+    sets = {kind: _rows(kind, limit) for kind in SETS}
     secs = {}
     for kind, rows in sets.items():
         if kind == "heldout" and not rerun_heldout:
@@ -259,6 +284,8 @@ def evaluate(model_dir: Path, quants: list[str], limit: int | None, log=print,
         else:
             secs[kind] = run_transformers(kind, rows, model, batcher, tok, log,
                                           transformers_every if kind == "independent" else 1)
+    wide_keep = ("seed", "band", "width_px", "picture", "style", "jpeg", "expected_text", "got", "got_ids", "answered",
+                 "exact", "fields")
     fp = machine.fingerprint()
     cpu = fp["clusters"][0]["model"] if fp.get("clusters") else platform.processor()
     engine: dict = {}
@@ -280,6 +307,11 @@ def evaluate(model_dir: Path, quants: list[str], limit: int | None, log=print,
                             "transformers_every": transformers_every,
                             "transformers_seconds": secs["independent"],
                             "items": [{k: v[k] for k in KEEP if k in v} for v in views]},
+            "wide": {"drawer": "kestrel_lab.vision.synthetic.sample_wide on wide_heldout_seeds()",
+                     "first_seed": synthetic.WIDE_HELDOUT_SEED_START,
+                     "transformers": independent.tally(sets["wide"], **WIDE_BY),
+                     "transformers_seconds": secs["wide"],
+                     "items": [{k: r[k] for k in wide_keep if k in r} for r in sets["wide"]]},
             "engine": engine,
             "provenance": {"script": "scripts/eval_tiny_vl.py", "commit": machine.git_commit(), "date": utc_now(),
                            "machine": f"{cpu}, {fp['arch']}, {fp['cores']} logical CPUs",
@@ -305,7 +337,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", type=Path, default=MODEL_DIR)
     ap.add_argument("--quants", default="f32,q8_0,q4_0")
     ap.add_argument("--engine-sets", default="heldout,independent",
-                    help="the sets the engine runs (transformers always runs both); today's held-out set is also "
+                    help="the sets the engine runs (transformers always runs all three); today's held-out set is also "
                     "checked by scripts/tiny_vl_agreement.py")
     ap.add_argument("--rerun-heldout", action="store_true",
                     help="generate transformers' answers to today's held-out set again instead of reading heldout.json")
@@ -318,9 +350,9 @@ def main(argv=None) -> int:
     quants = [q.strip() for q in a.quants.split(",") if q.strip()]
     quants.sort(key=lambda q: q != "f32")   # F32 first: its margins explain the other quants' differences
     sets = tuple(k.strip() for k in a.engine_sets.split(",") if k.strip())
-    bad = [k for k in sets if k not in ("heldout", "independent")]
+    bad = [k for k in sets if k not in SETS]
     if bad:
-        raise SystemExit(f"--engine-sets: unknown set(s) {bad}; the sets are heldout, independent")
+        raise SystemExit(f"--engine-sets: unknown set(s) {bad}; the sets are {', '.join(SETS)}")
     model = a.model.resolve()
 
     def save(doc: dict) -> None:   # after transformers and after each quant: a cut run keeps what it did

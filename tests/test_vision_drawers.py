@@ -152,6 +152,21 @@ def test_independent_items_stay_in_their_ranges():
     assert sum(it.style == "outline" for it in items) == ind.N_ITEMS // ind.OUTLINE_EVERY
 
 
+def test_wide_heldout_seeds_are_never_trained_on_and_fall_in_every_size_band():
+    seeds = syn.wide_heldout_seeds()
+    assert len(seeds) == len(set(seeds)) == syn.N_WIDE_HELDOUT
+    assert min(seeds) >= syn.HELDOUT_SEED_START and not any(syn.is_training_seed(s) for s in seeds)
+    assert not set(seeds) & set(syn.heldout_seeds())
+    assert {ind.band_of(syn.sample_wide(s).params["width_px"]) for s in seeds[:80]} == set(ind.SIZE_BANDS)
+
+
+def test_band_of_agrees_with_the_independent_items():
+    assert all(ind.band_of(it.width_px) == it.band for it in ind.evaluation_set())
+    assert ind.band_of(39.6) == "24-39 px" and ind.band_of(40) == "40-69 px" and ind.band_of(300) == "110 px-45 %"
+    with pytest.raises(ValueError, match="below the smallest size band"):
+        ind.band_of(23.9)
+
+
 def test_independent_colours_are_not_the_training_palette():
     for name, shades in ind.COLOURS.items():
         for _, rgb in shades:
@@ -236,6 +251,11 @@ def test_eval_readme_section_from_a_fake_run(tmp_path):
            "provenance": {"commit": "abc", "machine": "m", "seconds": 3.0, "date": "d"}}
     text = ev.readme_section(doc)
     assert "| independent drawer | 2 | 1 (50.0 %) | 50.0 % | 100.0 % | 100.0 % |" in text
+    assert "wide training drawer" not in text   # an evaluation from before the third set
+    doc["wide"] = {"first_seed": syn.WIDE_HELDOUT_SEED_START, "transformers": ind.tally(rows[:1], **ev.WIDE_BY)}
+    own = ev.readme_section(doc).split("wide training drawer, unseen seeds: size")[1]
+    assert "| 24-39 px | 1 | 1 (100.0 %) |" in own
+    del doc["wide"]
     assert "| 40-69 px | 1 | 0 (0.0 %) | 0.0 % |" in text and "| 320×240 | 1 |" in text
     assert "| Q4_0 | independent | 2 | 1 (50.0 %) | 2 | 1 (50.0 %) | — | — |" in text   # no margins recorded
     doc["engine"]["q4_0"]["independent"].update(near_ties=1, margin_threshold=0.5)
@@ -287,5 +307,14 @@ def test_committed_independent_json_is_consistent():
         r = sets["independent"]
         assert r["n"] == len(items) and r["agree"] == sum(it.get("engine_same", {}).get(q, False) for it in items)
         assert r["compared"] == sum(it["answered_by"] == "transformers" for it in items)
+    if "wide" in doc:   # the wide drawer's unseen seeds (added after the first evaluations)
+        wide = doc["wide"]["items"]
+        if doc["limit"] is None:
+            assert [it["seed"] for it in wide] == syn.wide_heldout_seeds()
+        for it in wide[:24]:   # drawing all 240 takes seconds; the first ones pin the bookkeeping
+            smp = syn.sample_wide(it["seed"])
+            assert it["band"] == ind.band_of(smp.params["width_px"]) and it["expected_text"] == smp.answer
+        rows = [{**it, "expected": list(syn.combo_of(it["seed"]))} for it in wide]
+        assert ind.tally(rows, **_eval_script().WIDE_BY) == doc["wide"]["transformers"]
     readme = (folder / "README.md").read_text(encoding="utf-8")
     assert _eval_script().readme_section(doc) in readme

@@ -121,6 +121,13 @@ def _band_range(band: str, picture: tuple[int, int]) -> tuple[int, int]:
     return lo, min(hi, top) if hi is not None else top
 
 
+def band_of(width_px: float) -> str:
+    """The size band (:data:`SIZE_BANDS`) of a shape ``width_px`` across, for pictures of other drawers."""
+    if width_px < min(lo for lo, _ in SIZE_BANDS.values()):
+        raise ValueError(f"a shape {width_px} px across is below the smallest size band {next(iter(SIZE_BANDS))}")
+    return [name for name, (lo, _) in SIZE_BANDS.items() if width_px >= lo][-1]
+
+
 def _combos() -> list[tuple[str, str, str]]:
     return [(c, s, p) for c in COLOURS for s in synthetic.SHAPES for p in POSITIONS]
 

@@ -66,6 +66,8 @@ HELDOUT_COMBOS: tuple[tuple[str, str, str], ...] = (
 )
 HELDOUT_SEED_START = 1_000_000      # seeds ≥ this are never used for training
 UNSEEN_SEED_START = 2_000_000       # where the unseen-combination items of the evaluation set start
+WIDE_HELDOUT_SEED_START = 1_500_000  # where the wide drawer's evaluation seeds start (never trained on)
+N_WIDE_HELDOUT = 240                # the wide drawer's evaluation items
 N_HELDOUT_RANDOM = 200              # evaluation items drawn from HELDOUT_SEED_START on
 N_PER_UNSEEN_COMBO = 8              # evaluation items per held-out combination
 
@@ -306,6 +308,13 @@ def _wide_background(rng: np.random.Generator) -> tuple[int, int, int]:
 
 # the polygon "radius" of synthetic._polygon that gives a shape of width 1 (circle: 0.9 r across each way)
 _WIDTH_PER_R = {"圆": 1.8, "正方形": 1.8, "三角形": math.sqrt(3.0), "星形": 2 * math.cos(math.radians(18))}
+
+
+def wide_heldout_seeds(n: int = N_WIDE_HELDOUT) -> list[int]:
+    """The wide drawer's own evaluation seeds: ``n`` seeds from :data:`WIDE_HELDOUT_SEED_START` on (above
+    HELDOUT_SEED_START, so no training stage drew them), any combination. Beside the independent drawer they
+    tell "the model cannot see a shape this small" from "the model has not met this drawer"."""
+    return list(range(WIDE_HELDOUT_SEED_START, WIDE_HELDOUT_SEED_START + n))
 
 
 def sample_wide(seed: int, small_share: float = 0.0) -> WideSample:
