@@ -258,6 +258,8 @@ def _primary(r: dict) -> dict:
 KEEP = ("index", "colour", "colour_name", "rgb", "shape", "position", "band", "width_px", "picture", "centre",
         "rotation_deg", "background", "background_rgb", "style", "outline_px", "jpeg_quality", "expected_text", "got",
         "got_ids", "answered", "exact", "fields", "answered_by", "engine_same")
+WIDE_KEEP = ("seed", "band", "width_px", "picture", "style", "jpeg", "expected_text", "got", "got_ids", "answered",
+             "exact", "fields")
 
 
 def evaluate(model_dir: Path, quants: list[str], limit: int | None, log=print,
@@ -284,8 +286,6 @@ def evaluate(model_dir: Path, quants: list[str], limit: int | None, log=print,
         else:
             secs[kind] = run_transformers(kind, rows, model, batcher, tok, log,
                                           transformers_every if kind == "independent" else 1)
-    wide_keep = ("seed", "band", "width_px", "picture", "style", "jpeg", "expected_text", "got", "got_ids", "answered",
-                 "exact", "fields")
     fp = machine.fingerprint()
     cpu = fp["clusters"][0]["model"] if fp.get("clusters") else platform.processor()
     engine: dict = {}
@@ -311,7 +311,7 @@ def evaluate(model_dir: Path, quants: list[str], limit: int | None, log=print,
                      "first_seed": synthetic.WIDE_HELDOUT_SEED_START,
                      "transformers": independent.tally(sets["wide"], **WIDE_BY),
                      "transformers_seconds": secs["wide"],
-                     "items": [{k: r[k] for k in wide_keep if k in r} for r in sets["wide"]]},
+                     "items": [{k: r[k] for k in WIDE_KEEP if k in r} for r in sets["wide"]]},
             "engine": engine,
             "provenance": {"script": "scripts/eval_tiny_vl.py", "commit": machine.git_commit(), "date": utc_now(),
                            "machine": f"{cpu}, {fp['arch']}, {fp['cores']} logical CPUs",
