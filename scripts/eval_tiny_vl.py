@@ -47,7 +47,7 @@ END = "<!-- independent-eval:end -->"
 HEADING = "## A second, independent drawer"
 IM_END = 151645
 SETS = ("heldout", "independent", "wide")
-WIDE_BY = {"by": ("band", "style", "jpeg")}   # the wide drawer's picture sizes are random: no table by picture
+WIDE_BY = ("band", "style", "jpeg")   # the wide drawer's picture sizes are random: no table by picture
 
 
 def _rows(kind: str, limit: int | None) -> list[dict]:
@@ -74,6 +74,12 @@ def _rows(kind: str, limit: int | None) -> list[dict]:
         items = items[::max(1, len(items) // limit)][:limit]
     return [{**it.params(), "expected": list(it.combo), "picture": it.picture_label,
              "jpeg": "jpeg" if it.jpeg_quality else "png"} for it in items]
+
+
+def _tally(kind: str, rows: list[dict]) -> dict:
+    """A scored set's tables: the independent drawer's by every key of ``independent.tally``, the wide one's by
+    :data:`WIDE_BY`."""
+    return independent.tally(rows, by=WIDE_BY) if kind == "wide" else independent.tally(rows)
 
 
 def _image(kind: str, row: dict):
@@ -142,8 +148,7 @@ def run_engine(quant: str, sets: dict, tok, log, model_dir: Path = MODEL_DIR) ->
                      "agreement": agree / compared if compared else None,
                      "margin_threshold": MARGIN_THRESHOLD[quant],
                      "near_ties": sum(bool(d["near_tie"]) for d in differ),
-                     "tables": independent.tally(scored, **WIDE_BY if kind == "wide" else {})
-                     if kind != "heldout" else None,
+                     "tables": None if kind == "heldout" else _tally(kind, scored),
                      "seconds": round(time.perf_counter() - t0, 1), "disagreements": differ}
         log(f"engine {quant} {kind}: {agree}/{compared} same ids, {exact}/{n} exact, {out[kind]['seconds']} s")
     return out
@@ -309,7 +314,7 @@ def evaluate(model_dir: Path, quants: list[str], limit: int | None, log=print,
                             "items": [{k: v[k] for k in KEEP if k in v} for v in views]},
             "wide": {"drawer": "kestrel_lab.vision.synthetic.sample_wide on wide_heldout_seeds()",
                      "first_seed": synthetic.WIDE_HELDOUT_SEED_START,
-                     "transformers": independent.tally(sets["wide"], **WIDE_BY),
+                     "transformers": _tally("wide", sets["wide"]),
                      "transformers_seconds": secs["wide"],
                      "items": [{k: r[k] for k in WIDE_KEEP if k in r} for r in sets["wide"]]},
             "engine": engine,

@@ -252,7 +252,7 @@ def test_eval_readme_section_from_a_fake_run(tmp_path):
     text = ev.readme_section(doc)
     assert "| independent drawer | 2 | 1 (50.0 %) | 50.0 % | 100.0 % | 100.0 % |" in text
     assert "wide training drawer" not in text   # an evaluation from before the third set
-    doc["wide"] = {"first_seed": syn.WIDE_HELDOUT_SEED_START, "transformers": ind.tally(rows[:1], **ev.WIDE_BY)}
+    doc["wide"] = {"first_seed": syn.WIDE_HELDOUT_SEED_START, "transformers": ind.tally(rows[:1], by=ev.WIDE_BY)}
     own = ev.readme_section(doc).split("wide training drawer, unseen seeds: size")[1]
     assert "| 24-39 px | 1 | 1 (100.0 %) |" in own
     del doc["wide"]
@@ -315,6 +315,6 @@ def test_committed_independent_json_is_consistent():
             smp = syn.sample_wide(it["seed"])
             assert it["band"] == ind.band_of(smp.params["width_px"]) and it["expected_text"] == smp.answer
         rows = [{**it, "expected": list(syn.combo_of(it["seed"]))} for it in wide]
-        assert ind.tally(rows, **_eval_script().WIDE_BY) == doc["wide"]["transformers"]
+        assert ind.tally(rows, by=_eval_script().WIDE_BY) == doc["wide"]["transformers"]
     readme = (folder / "README.md").read_text(encoding="utf-8")
     assert _eval_script().readme_section(doc) in readme
