@@ -161,11 +161,13 @@ def n_pads(grid_row) -> int:
 class Batcher:
     """Pictures → pixel_values / image_grid_thw (transformers' PIL processor) and token batches."""
 
-    def __init__(self, prompts: Prompts, drawer: str = "default", default_every: int = 0, small_share: float = 0.0):
+    def __init__(self, prompts: Prompts, drawer: str = "default", default_every: int = 0, small_share: float = 0.0,
+                 outline_share: float = synthetic.WIDE_OUTLINE_SHARE):
         self.p = prompts
         self.drawer = drawer
         self.default_every = default_every   # wide drawer: every N-th seed from the default drawer (0: none)
         self.small_share = small_share       # wide drawer: share of shapes drawn under WIDE_SMALL_WIDTH
+        self.outline_share = outline_share   # wide drawer: share of outlines instead of fills
         self.proc = Qwen2VLImageProcessorPil(
             size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS}, patch_size=PATCH,
             temporal_patch_size=TEMPORAL, merge_size=MERGE, image_mean=[0.5] * 3, image_std=[0.5] * 3)
@@ -177,7 +179,7 @@ class Batcher:
     def draw(self, seed: int):
         """(picture, answer) of a training seed from this batcher's drawer."""
         if self.drawer == "wide" and not (self.default_every and seed % self.default_every == 0):
-            smp = synthetic.sample_wide(seed, self.small_share)
+            smp = synthetic.sample_wide(seed, self.small_share, self.outline_share)
             return smp.image, smp.answer
         return synthetic.draw(seed)
 
@@ -440,6 +442,8 @@ def _start_lines(tr: dict) -> list[str]:
             drawer = " on the wide drawer" if a.get("drawer") == "wide" else ""
             if a.get("small_share"):
                 drawer += f" ({a['small_share'] * 100:.0f} % of the shapes under {synthetic.WIDE_SMALL_WIDTH} px)"
+            if a.get("outline_share") is not None and a["outline_share"] != synthetic.WIDE_OUTLINE_SHARE:
+                drawer += f" ({a['outline_share'] * 100:.0f} % outlines)"
             words.append(f"Stage {k}: `{st['command'].strip()}` — {st['steps']} steps of {st['batch']}{drawer} "
                          f"(seeds {st['first_train_seed']}…{st['last_train_seed']}), lr {a['lr']:g} → "
                          f"{a['final_lr']:g}, loss {st['loss_first']:.3f} → {st['loss_last']:.4f}, "
@@ -467,14 +471,16 @@ _FIRST_WIDE_DRAWER = ("224–640 px pictures, square or not, shapes from 24 px t
                       "hard edges, some JPEG")
 
 
-def wide_drawer_text(small_share: float = 0.0) -> str:
+def wide_drawer_text(small_share: float = 0.0, outline_share: float = synthetic.WIDE_OUTLINE_SHARE) -> str:
     """What synthetic.sample_wide draws, from its constants: training.json keeps it with the stage."""
     lo, hi = synthetic.WIDE_STAR_INNER
     small = (f" ({small_share * 100:.0f} % of them drawn from {synthetic.WIDE_MIN_WIDTH} to "
              f"{synthetic.WIDE_SMALL_WIDTH} px)" if small_share else "")
+    outlines = ("fills and outlines" if outline_share == synthetic.WIDE_OUTLINE_SHARE else
+                f"fills and outlines ({outline_share * 100:.0f} % outlines)")
     return (f"{synthetic.WIDE_SIDE[0]}–{synthetic.WIDE_SIDE[1]} px pictures, square or not, shapes from "
             f"{synthetic.WIDE_MIN_WIDTH} px to {synthetic.WIDE_MAX_SHARE * 100:.0f} % of the short side{small}, "
-            "palette and named-colour shades, white/grey/tinted backgrounds, fills and outlines, supersampled or "
+            f"palette and named-colour shades, white/grey/tinted backgrounds, {outlines}, supersampled or "
             f"hard edges, some JPEG, stars with an inner radius of {lo:.2f}–{hi:.2f} of the outer")
 
 
@@ -741,6 +747,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--small-share", type=float, default=0.0,
                     help="with --drawer wide, the share of shapes drawn from 24 px to synthetic.WIDE_SMALL_WIDTH "
                     "(the sizes the model misses most) instead of over the whole range (0: none)")
+    ap.add_argument("--outline-share", type=float, default=synthetic.WIDE_OUTLINE_SHARE,
+                    help="with --drawer wide, the share of outlines instead of fills (default "
+                    f"synthetic.WIDE_OUTLINE_SHARE = {synthetic.WIDE_OUTLINE_SHARE:g})")
     ap.add_argument("--stop-after", type=int, default=None,
                     help="stop after N of the --steps steps (the learning-rate schedule stays that of --steps; "
                     "a reproducible part of a longer run)")
@@ -801,8 +810,8 @@ def main(argv=None) -> int:
 
     tok = Tokenizer.default()
     prompts = Prompts(tok)
-    # only the wide drawer reads default_every and small_share
-    batcher = Batcher(prompts, args.drawer, args.default_every, args.small_share)
+    # only the wide drawer reads default_every, small_share and outline_share
+    batcher = Batcher(prompts, args.drawer, args.default_every, args.small_share, args.outline_share)
     cfg = build_config(args.width, args.depth, args.heads, [int(x) for x in args.deepstack.split(",")])
     if args.init_from:
         torch.manual_seed(args.seed)
@@ -881,7 +890,8 @@ def main(argv=None) -> int:
         "command": "python scripts/train_tiny_vl.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "args": {k: (_rel(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "steps": run_steps, "schedule_steps": args.steps, "drawer": args.drawer,
-        **({"drawer_text": wide_drawer_text(args.small_share)} if args.drawer == "wide" else {}), "batch": args.batch,
+        **({"drawer_text": wide_drawer_text(args.small_share, args.outline_share)} if args.drawer == "wide" else {}),
+        "batch": args.batch,
         "train_images": len(seeds), "seconds_per_step": round(train_seconds / run_steps, 2),
         "first_train_seed": seeds[0], "last_train_seed": seeds[-1],
         "train_seconds": round(train_seconds, 1), "train_cpu_seconds": round(train_cpu, 1),

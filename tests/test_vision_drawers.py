@@ -83,6 +83,25 @@ def test_wide_small_share_draws_small_shapes_and_keeps_the_rest():
         syn.sample_wide(3, 1.5)
 
 
+def test_wide_outline_share_turns_fills_into_outlines_and_keeps_the_picture():
+    """The default outline_share is the old drawer; a higher one turns some fills into outlines and nothing
+    drawn before the outline's draw changes; 1.0 draws only outlines."""
+    for seed in WIDE_SEEDS[:20]:
+        assert (syn.sample_wide(seed, 0.0, syn.WIDE_OUTLINE_SHARE).image.tobytes()
+                == syn.sample_wide(seed).image.tobytes())
+    more = [syn.sample_wide(s, 0.0, 0.6).params for s in WIDE_SEEDS]
+    plain = [syn.sample_wide(s).params for s in WIDE_SEEDS]
+    assert sum(p["outline_px"] > 0 for p in more) > sum(p["outline_px"] > 0 for p in plain) + len(WIDE_SEEDS) // 5
+    for p, q in zip(more, plain):
+        assert (p["picture"], p["width_px"], p["centre"], p["rgb"], p["rotation_deg"]) == \
+            (q["picture"], q["width_px"], q["centre"], q["rgb"], q["rotation_deg"])
+        if q["outline_px"]:   # an outline stays that outline
+            assert p == q
+    assert all(syn.sample_wide(s, 0.0, 1.0).params["outline_px"] >= 2 for s in WIDE_SEEDS)
+    with pytest.raises(ValueError, match="outline_share"):
+        syn.sample_wide(3, 0.0, -0.1)
+
+
 def test_wide_colours_are_their_named_hue():
     """Every colour the wide drawer picks is its palette colour (tinted) or lies in its hue range."""
     for seed in range(300):

@@ -317,17 +317,21 @@ def wide_heldout_seeds(n: int = N_WIDE_HELDOUT) -> list[int]:
     return list(range(WIDE_HELDOUT_SEED_START, WIDE_HELDOUT_SEED_START + n))
 
 
-def sample_wide(seed: int, small_share: float = 0.0) -> WideSample:
+def sample_wide(seed: int, small_share: float = 0.0, outline_share: float = WIDE_OUTLINE_SHARE) -> WideSample:
     """A picture of ``seed`` from the wide drawer: the same (colour, shape, position) as ``sample(seed)``
     (:func:`combo_of`), drawn on a 224–640 px picture (square or not) with a shape from 24 px to 45 % of
     the short side, a palette or HSV named-colour shade, a white, grey or tinted background, a fill or an
     outline, supersampled or hard edges, sometimes JPEG, a star of thin or fat proportions. Same seed,
     same bytes. With ``small_share`` > 0 that share of the seeds (chosen by a stream of their own) draws
     its shape from 24 px to :data:`WIDE_SMALL_WIDTH` instead; the picture, colour, background, edge and the
-    rest are drawn as before (what scales with the shape, such as an outline's width, follows the new one)."""
+    rest are drawn as before (what scales with the shape, such as an outline's width, follows the new one).
+    ``outline_share`` is the share of outlines instead of fills; a seed whose draw falls between
+    :data:`WIDE_OUTLINE_SHARE` and it turns into an outline (and draws its edge, JPEG and star values after
+    the outline's width). The defaults draw exactly what earlier stages trained on."""
     seed = _check_seed(seed)
-    if not 0.0 <= small_share <= 1.0:
-        raise ValueError(f"small_share must lie in [0, 1], got {small_share!r}")
+    for name, share in (("small_share", small_share), ("outline_share", outline_share)):
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"{name} must lie in [0, 1], got {share!r}")
     small = small_share > 0 and float(np.random.default_rng([seed, 0x5A11]).random()) < small_share
     rng = _rng(seed)
     c, s, p = (int(rng.integers(n)) for n in (len(COLOURS), len(SHAPES), len(POSITIONS)))
@@ -345,7 +349,7 @@ def sample_wide(seed: int, small_share: float = 0.0) -> WideSample:
     fg, bg = _wide_colour(rng, colour), _wide_background(rng)
     rotate = shape != "圆" and (shape != "正方形" or rng.random() < 0.5)
     rot = float(rng.uniform(-WIDE_ROTATION_DEG, WIDE_ROTATION_DEG)) if rotate else 0.0
-    outline = int(rng.integers(2, max(3, int(width / 8)) + 1)) if rng.random() < WIDE_OUTLINE_SHARE else 0
+    outline = int(rng.integers(2, max(3, int(width / 8)) + 1)) if rng.random() < outline_share else 0
     k = 1 if rng.random() < WIDE_HARD_EDGE_SHARE else SUPERSAMPLE
     quality = int(rng.integers(45, 96)) if rng.random() < WIDE_JPEG_SHARE else None
     # drawn last, so every other value of a seed is what it was before stars varied
