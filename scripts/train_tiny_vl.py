@@ -442,7 +442,7 @@ def _start_lines(tr: dict) -> list[str]:
             drawer = " on the wide drawer" if a.get("drawer") == "wide" else ""
             if a.get("small_share"):
                 drawer += f" ({a['small_share'] * 100:.0f} % of the shapes under {synthetic.WIDE_SMALL_WIDTH} px)"
-            if a.get("outline_share") is not None and a["outline_share"] != synthetic.WIDE_OUTLINE_SHARE:
+            if a.get("outline_share", synthetic.WIDE_OUTLINE_SHARE) != synthetic.WIDE_OUTLINE_SHARE:
                 drawer += f" ({a['outline_share'] * 100:.0f} % outlines)"
             words.append(f"Stage {k}: `{st['command'].strip()}` — {st['steps']} steps of {st['batch']}{drawer} "
                          f"(seeds {st['first_train_seed']}…{st['last_train_seed']}), lr {a['lr']:g} → "

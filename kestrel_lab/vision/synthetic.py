@@ -326,8 +326,9 @@ def sample_wide(seed: int, small_share: float = 0.0, outline_share: float = WIDE
     its shape from 24 px to :data:`WIDE_SMALL_WIDTH` instead; the picture, colour, background, edge and the
     rest are drawn as before (what scales with the shape, such as an outline's width, follows the new one).
     ``outline_share`` is the share of outlines instead of fills; a seed whose draw falls between
-    :data:`WIDE_OUTLINE_SHARE` and it turns into an outline (and draws its edge, JPEG and star values after
-    the outline's width). The defaults draw exactly what earlier stages trained on."""
+    :data:`WIDE_OUTLINE_SHARE` and it swaps fill for outline or back (and, drawing an outline's width or not,
+    draws different edge, JPEG and star values after it). The defaults draw exactly what earlier stages
+    trained on."""
     seed = _check_seed(seed)
     for name, share in (("small_share", small_share), ("outline_share", outline_share)):
         if not 0.0 <= share <= 1.0:
