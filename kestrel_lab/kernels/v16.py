@@ -18,7 +18,10 @@ correction of ``kernels.ops.act_block_sums`` is the accumulator's start value (n
 as ``vpdpbusd`` wants its first operand). The 16 rows' fp16 scales sit in a separate plane, as in
 ``Q4_0_R32``. Then one conversion, one multiply by ``d_w·d_x`` and one add per row and block — all
 in registers (``block16_fma``): a lane never leaves its register between the integer sum and the
-float accumulator. Prefill (``matmul``) goes four tokens at a time through ``block16x4_fma``: the
+float accumulator. The conversion is one ``vcvtph2ps`` of the block's 16 fp16 scales (exact, so the
+same bits as the portable kernels' shift trick): converting a group's scales in a scalar pass first
+cost more instructions than the block itself, and took ~10 % off a decode matvec read from memory
+(course EPYC VM, bit-identical outputs). Prefill (``matmul``) goes four tokens at a time through ``block16x4_fma``: the
 block's 4 loads, ANDs and shifts are done once and its 8 nibble vectors stay in registers for the
 four tokens' 32 ``vpdpbusd`` (the ``T % 4`` tokens left over go one by one).
 
@@ -49,6 +52,7 @@ BLOCK_BYTES = 16 * QV       # nibble bytes of one block of a group (4 chunks of 
 _I8, _I32, _F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
 _V64I8, _V16I32, _V16F = ir.VectorType(_I8, 64), ir.VectorType(_I32, 16), ir.VectorType(_F32, 16)
 _V32I8, _V16I16, _V8I32 = ir.VectorType(_I8, 32), ir.VectorType(ir.IntType(16), 16), ir.VectorType(_I32, 8)
+_V16H = ir.VectorType(ir.HalfType(), 16)
 _LANES0 = ir.Constant(ir.VectorType(_I32, 16), [0] * 16)
 ISAS = ("vnni", "avx2")     # the x86 forms of the block: ``vpdpbusd``, or ``vpmaddubsw`` + ``vpmaddwd``
 
@@ -142,6 +146,13 @@ def _nibbles_ir(builder, wptr, wo):
     return q
 
 
+def _scales_ir(builder, sptr, so):
+    """The 16 rows' scales of one block as float32: 16 fp16 values from the scale plane (``sptr`` its uint16
+    data, ``so`` the first), widened exactly (``fpext`` → one ``vcvtph2ps``)."""
+    h = builder.load(builder.bitcast(builder.gep(sptr, [so]), _V16H.as_pointer()), align=2)
+    return builder.fpext(h, _V16F)
+
+
 def _block_sums_ir(builder, isa, wptr, wo, xptr, xo, c):
     """IR for the 16 int32 sums ``c + Σ_j q_rj·x_j`` of one block."""
     x = [_splat(builder, builder.load(builder.gep(xptr, [builder.add(xo, ir.Constant(xo.type, word))]), align=4),
@@ -179,9 +190,10 @@ def _make_intrinsics(isa: str):
     @intrinsic
     def block16_fma(typingctx, w, wo, x, xo, c, s, so, dx, F):
         """``F[0:16] += float(c + Σ_j q_rj·x_j) · (s[so:so+16] · dx)`` for one block of 16 rows, kept in
-        registers from the integer sum to the float accumulator (``s``: the rows' scales as float32
-        divided by 2^112, ``dx`` the activation scale × 2^112, as in ``kernels.ops._r32_block``)."""
-        if not (_is(w, types.uint8) and _is(x, types.int32) and _is(s, types.float32) and _is(F, types.float32)
+        registers from the integer sum to the float accumulator. ``s`` is the scale plane itself (the rows'
+        fp16 bits): its 16 scales become float32 in one ``vcvtph2ps`` (exact), so no pass converts them
+        first; ``dx`` is the activation's scale."""
+        if not (_is(w, types.uint8) and _is(x, types.int32) and _is(s, types.uint16) and _is(F, types.float32)
                 and isinstance(wo, types.Integer) and isinstance(xo, types.Integer)
                 and isinstance(so, types.Integer) and c == types.int32 and dx == types.float32):
             return None
@@ -194,8 +206,8 @@ def _make_intrinsics(isa: str):
             sptr = context.make_array(st)(context, builder, sa).data
             fptr = builder.bitcast(context.make_array(Ft)(context, builder, Fa).data, _V16F.as_pointer())
             acc = _block_sums_ir(builder, isa, wptr, wo_, xptr, xo_, c_)
-            scale = builder.load(builder.bitcast(builder.gep(sptr, [so_]), _V16F.as_pointer()), align=4)
-            prod = builder.fmul(builder.sitofp(acc, _V16F), builder.fmul(scale, _splat(builder, dx_, _V16F)))
+            prod = builder.fmul(builder.sitofp(acc, _V16F),
+                                builder.fmul(_scales_ir(builder, sptr, so_), _splat(builder, dx_, _V16F)))
             builder.store(builder.fadd(builder.load(fptr, align=4), prod), fptr, align=4)
             return context.get_dummy_value()
         return types.void(w, wo, x, xo, c, s, so, dx, F), codegen
@@ -208,10 +220,11 @@ def _make_intrinsics(isa: str):
         for every token, so a prefill matmul spent a third of its instructions unpacking the same bytes.
 
         Token ``i`` (0…3) reads its 8 activation words at ``x[xo + i·xs]``, its ``−8·Σx`` at
-        ``xc[co + i·cs]`` (int16), its scale at ``xd[co + i·cs]`` (float32, multiplied by 2^112 here) and
-        accumulates into ``F[fo + 16·i : fo + 16·i + 16]``. The float operations per token are
-        ``block16_fma``'s, in the same order, so the results are the same float32 bits."""
-        if not (_is(w, types.uint8) and _is(x, types.int32) and _is(xc, types.int16) and _is(s, types.float32)
+        ``xc[co + i·cs]`` (int16), its scale at ``xd[co + i·cs]`` (float32) and accumulates into
+        ``F[fo + 16·i : fo + 16·i + 16]``; ``s`` is the scale plane's fp16 bits, as in ``block16_fma``. The
+        float operations per token are ``block16_fma``'s, in the same order, so the results are the same
+        float32 bits."""
+        if not (_is(w, types.uint8) and _is(x, types.int32) and _is(xc, types.int16) and _is(s, types.uint16)
                 and _is(xd, types.float32) and _is(F, types.float32)
                 and all(isinstance(a, types.Integer) for a in (wo, xo, xs, co, cs, so, fo))):
             return None
@@ -227,12 +240,11 @@ def _make_intrinsics(isa: str):
                 return builder.add(builder.sext(base, i64), builder.mul(ir.Constant(i64, i), stride))
 
             q = _nibbles_ir(builder, wptr, wo_)
-            scale = builder.load(builder.bitcast(builder.gep(sptr, [so_]), _V16F.as_pointer()), align=4)
+            scale = _scales_ir(builder, sptr, so_)
             xs64, cs64 = builder.sext(xs_, i64), builder.sext(cs_, i64)
             for i in range(4):
                 c = builder.sext(builder.load(builder.gep(cptr, [nth(co_, i, cs64)])), _I32)
-                dx = builder.fmul(builder.load(builder.gep(dptr, [nth(co_, i, cs64)])),
-                                  ir.Constant(_F32, float(K.F16_SCALE)))
+                dx = builder.load(builder.gep(dptr, [nth(co_, i, cs64)]))
                 xo_i = nth(xo_, i, xs64)
                 x = [_splat(builder, builder.load(builder.gep(xptr, [builder.add(xo_i, ir.Constant(i64, word))]),
                                                   align=4), _V16I32) for word in range(8)]
@@ -339,29 +351,26 @@ def _prefetch_ahead(nib, at):
 # ------------------------------------------------------------------------------ the kernels
 @njit(fastmath=True, cache=True, inline="always")
 def _group_vnni(nib, sc, xw, xc, xd, F, Si):
-    """The 16 outputs of one group for one token into ``F`` (``vpdpbusd``)."""
-    Sf = Si.view(np.float32)
-    _scales(sc, Si)
+    """The 16 outputs of one group for one token into ``F`` (``vpdpbusd``; the scales are widened inside the
+    block, so ``Si`` is not used)."""
     F[:] = 0
     for b in range(xd.shape[0]):
         _prefetch_ahead(nib, b * BLOCK_BYTES)
-        block16_fma(nib, b * BLOCK_BYTES, xw, b * 8, np.int32(xc[b]), Sf, b * QV, xd[b] * K.F16_SCALE, F)
+        block16_fma(nib, b * BLOCK_BYTES, xw, b * 8, np.int32(xc[b]), sc, b * QV, xd[b], F)
 
 
 @njit(fastmath=True, cache=True, inline="always")
 def _group_avx2(nib, sc, xw, xc, xd, F, Si):
     """``_group_vnni`` with ``vpmaddubsw`` + ``vpmaddwd``."""
-    Sf = Si.view(np.float32)
-    _scales(sc, Si)
     F[:] = 0
     for b in range(xd.shape[0]):
         _prefetch_ahead(nib, b * BLOCK_BYTES)
-        block16_fma_avx2(nib, b * BLOCK_BYTES, xw, b * 8, np.int32(xc[b]), Sf, b * QV, xd[b] * K.F16_SCALE, F)
+        block16_fma_avx2(nib, b * BLOCK_BYTES, xw, b * 8, np.int32(xc[b]), sc, b * QV, xd[b], F)
 
 
 @njit(fastmath=True, cache=True, inline="always")
 def _group_portable(nib, sc, xw, xc, xd, F, Si):
-    """``_group_vnni`` in plain loops."""
+    """``_group_vnni`` in plain loops (the scales converted first into ``Si``, by the bit trick)."""
     Sf = Si.view(np.float32)
     _scales(sc, Si)
     F[:] = 0
@@ -482,27 +491,28 @@ def _make_kernels(isa: str):
             Sf = Si.view(np.float32)
             for g in range(c * step, min(ng, c * step + step)):
                 F[:] = 0
-                gn = nib[g]
-                _scales(sc[g], Si)
+                gn, gs = nib[g], sc[g]
+                if isa != "vnni" and isa != "avx2":
+                    _scales(gs, Si)           # the x86 blocks widen the fp16 scales themselves
                 for b in range(nb):
                     for t in range(0, T4, 4):     # the group's 256-byte block serves four tokens per load
                         if isa == "vnni":
                             block16x4_fma(gn, b * BLOCK_BYTES, xw, t * wpt + b * 8, wpt, xcf, t * nb + b, nb,
-                                          Sf, b * QV, xdf, F, t * QV)
+                                          gs, b * QV, xdf, F, t * QV)
                         elif isa == "avx2":
                             block16x4_fma_avx2(gn, b * BLOCK_BYTES, xw, t * wpt + b * 8, wpt, xcf, t * nb + b,
-                                               nb, Sf, b * QV, xdf, F, t * QV)
+                                               nb, gs, b * QV, xdf, F, t * QV)
                         else:
                             block16x4_fma_portable(gn, b * BLOCK_BYTES, xw, t * wpt + b * 8, wpt, xcf, t * nb + b,
                                                    nb, Sf, b * QV, xdf, F, t * QV)
                     for t in range(T4, T):
                         Ft = F[t * QV:(t + 1) * QV]
                         if isa == "vnni":
-                            block16_fma(gn, b * BLOCK_BYTES, xw, t * wpt + b * 8, np.int32(xc[t, b]), Sf,
-                                        b * QV, xd[t, b] * K.F16_SCALE, Ft)
+                            block16_fma(gn, b * BLOCK_BYTES, xw, t * wpt + b * 8, np.int32(xc[t, b]), gs,
+                                        b * QV, xd[t, b], Ft)
                         elif isa == "avx2":
-                            block16_fma_avx2(gn, b * BLOCK_BYTES, xw, t * wpt + b * 8, np.int32(xc[t, b]), Sf,
-                                             b * QV, xd[t, b] * K.F16_SCALE, Ft)
+                            block16_fma_avx2(gn, b * BLOCK_BYTES, xw, t * wpt + b * 8, np.int32(xc[t, b]), gs,
+                                             b * QV, xd[t, b], Ft)
                         else:
                             block16_fma_portable(gn, b * BLOCK_BYTES, xw, t * wpt + b * 8, np.int32(xc[t, b]),
                                                  Sf, b * QV, xd[t, b] * K.F16_SCALE, Ft)
