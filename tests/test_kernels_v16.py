@@ -253,9 +253,9 @@ from kestrel_lab.kernels import v16 as V
 a1, a2 = (lambda dt: T.Array(dt, 1, "C")), (lambda dt: T.Array(dt, 2, "C"))
 plane = (a2(T.uint8), a2(T.uint16))
 act = (a2(T.int8), a2(T.int16), a2(T.float32))
-for name, sig in (("matvec_q4_v16", plane + act + (a1(T.float32), T.int64)),
-                  ("matvec_swiglu_q4_v16", plane + plane + act + (a1(T.float32), T.int64)),
-                  ("matvec_q4_v16_vnni", plane + act + (a1(T.float32), T.int64))):
+for name, sig in (("matvec_q4_v16", plane + act + (a1(T.float32), T.int64, T.int64)),
+                  ("matvec_swiglu_q4_v16", plane + plane + act + (a1(T.float32), T.int64, T.int64)),
+                  ("matvec_q4_v16_vnni", plane + act + (a1(T.float32), T.int64, T.int64))):
     f = njit(parallel=True, fastmath=True)(getattr(V, name).py_func)
     f.compile(sig)
     ir = f.inspect_llvm(sig)

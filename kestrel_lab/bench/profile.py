@@ -34,29 +34,29 @@ def make_part_loops(kind: str):
     G = variants.of(kind).rows_per_group
 
     @njit(cache=True)
-    def qkv(planes, x, xq_buf, xd_buf, xc_buf, q, k, v, L, nt):
+    def qkv(planes, x, xq_buf, xd_buf, xc_buf, q, k, v, L, nt, pf):
         qn, qs, kn, ks, vn, vs = planes[0], planes[1], planes[2], planes[3], planes[4], planes[5]
         gq, gk = qn.shape[0] // L, kn.shape[0] // L
         xq, xc, xd = _q8c_into(x, xq_buf, xd_buf, xc_buf)
         for l in range(L):  # noqa: E741
             variants.matvec3(kind, qn[l * gq:(l + 1) * gq], qs[l * gq:(l + 1) * gq], kn[l * gk:(l + 1) * gk],
                              ks[l * gk:(l + 1) * gk], vn[l * gk:(l + 1) * gk], vs[l * gk:(l + 1) * gk],
-                             xq, xc, xd, q, k, v, min(gq + 2 * gk, 4 * nt))
+                             xq, xc, xd, q, k, v, min(gq + 2 * gk, 4 * nt), pf)
 
     @njit(cache=True)
-    def one(nib, sc, x, xq_buf, xd_buf, xc_buf, y, L, nt):
+    def one(nib, sc, x, xq_buf, xd_buf, xc_buf, y, L, nt, pf):
         g = nib.shape[0] // L
         xq, xc, xd = _q8c_into(x, xq_buf, xd_buf, xc_buf)
         for l in range(L):  # noqa: E741
-            variants.matvec(kind, nib[l * g:(l + 1) * g], sc[l * g:(l + 1) * g], xq, xc, xd, y, min(g, 4 * nt))
+            variants.matvec(kind, nib[l * g:(l + 1) * g], sc[l * g:(l + 1) * g], xq, xc, xd, y, min(g, 4 * nt), pf)
 
     @njit(cache=True)
-    def gate_up(gn, gs, un, us, x, xq_buf, xd_buf, xc_buf, out, L, nt):
+    def gate_up(gn, gs, un, us, x, xq_buf, xd_buf, xc_buf, out, L, nt, pf):
         g = gn.shape[0] // L
         xq, xc, xd = _q8c_into(x, xq_buf, xd_buf, xc_buf)
         for l in range(L):  # noqa: E741
             variants.swiglu(kind, gn[l * g:(l + 1) * g], gs[l * g:(l + 1) * g], un[l * g:(l + 1) * g],
-                            us[l * g:(l + 1) * g], xq, xc, xd, out, min(g, 4 * nt))
+                            us[l * g:(l + 1) * g], xq, xc, xd, out, min(g, 4 * nt), pf)
 
     assert G >= 1
     return qkv, one, gate_up
@@ -159,12 +159,13 @@ def decode_parts(eng, repeat: int = 15, evict_bytes: int = 0) -> dict:
     y, g = np.empty(hid, np.float32), np.empty(inter, np.float32)
     cos, sin = eng._rope_tables(1, None)
     h = np.array(eng._embed(np.array([0])), dtype=np.float32)
+    pf = eng.prefetch_bytes                          # the step's prefetch distance (``kernels.choice``)
     with numba_threads(eng.threads) as nt:
         runs = {
-            "q/k/v matvec": lambda: qkv(P[:6], x, *bufs, q, k, v, L, nt),
-            "o matvec": lambda: one(P[6], P[7], xo, *bufs, y, L, nt),
-            "gate/up + SwiGLU": lambda: gate_up(P[8], P[9], P[10], P[11], x, *bufs, g, L, nt),
-            "down matvec": lambda: one(P[12], P[13], xi, *bufs, y, L, nt),
+            "q/k/v matvec": lambda: qkv(P[:6], x, *bufs, q, k, v, L, nt, pf),
+            "o matvec": lambda: one(P[6], P[7], xo, *bufs, y, L, nt, pf),
+            "gate/up + SwiGLU": lambda: gate_up(P[8], P[9], P[10], P[11], x, *bufs, g, L, nt, pf),
+            "down matvec": lambda: one(P[12], P[13], xi, *bufs, y, L, nt, pf),
             "attention": lambda: _attention_loop(q.reshape(1, H, D), eng.cache.k, eng.cache.v, pos - 1,
                                                  np.empty((1, H, D), np.float32)),
             "small operations": lambda: _small_ops_loop(h, np.float32(c.rms_norm_eps), eng.attn_norm, eng.ffn_norm,

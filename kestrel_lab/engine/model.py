@@ -132,7 +132,8 @@ def _rows_slice(t, r0: int, r1: int) -> np.ndarray:
 def _choice_summary() -> dict:
     """The Q4_0 variant this host was given and how (``kernels.choice``), for the provenance."""
     c = choice.current(host_features())
-    return {"variant": c.variant.name, "how": c.how, "isa_default": c.default, "why": c.reason}
+    return {"variant": c.variant.name, "how": c.how, "isa_default": c.default, "why": c.reason,
+            "prefetch_bytes": c.prefetch_bytes, "prefetch_why": c.prefetch_reason}
 
 
 HUGE_PAGE = 2 << 20
@@ -323,6 +324,7 @@ class Qwen3Engine:
         self._planes = (tuple(a for name in MATRICES for a in planes[name])
                         if all(name in planes for name in MATRICES) else None)
         self._step = kernel_for(self.q4_layout, "layers") if self._planes is not None else None
+        self.prefetch_bytes = choice.prefetch_bytes()      # the decode kernels' prefetch distance, measured here
         self.layers, self.moe_layers = [], {}
         for layer in range(c.num_hidden_layers):
             mats = {}
@@ -635,7 +637,7 @@ class Qwen3Engine:
             if T == 1 and self._step is not None and self.trace is None and images is None:
                 self._step(h, eps, self.attn_norm, self.ffn_norm, self.q_norm, self.k_norm,
                            (self.q_bias, self.k_bias, self.v_bias), self.qk_norm, self.qkv_bias, self._planes,
-                           self.cache.k, self.cache.v, pos0, cos, sin, H, nt)
+                           self.cache.k, self.cache.v, pos0, cos, sin, H, nt, self.prefetch_bytes)
             else:
                 for layer, m in enumerate(self.layers):
                     K.rmsnorm(h, self.attn_norm[layer], eps, x)

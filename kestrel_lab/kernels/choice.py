@@ -11,7 +11,13 @@ the machine's identity (CPU model, the features the registry selects by, the CPU
 the variant table), so another CPU measures again; ``KESTREL_Q4_LAYOUT`` still forces a layout,
 ``KESTREL_KERNEL_CHOICE=isa`` turns the measuring off and ``KESTREL_KERNEL_CHOICE=<variant>`` (e.g. ``v16_avx2``)
 forces one variant. ``report()`` says what was measured and why.
-Taught in day07_3.
+
+The same goes for how far ahead the ``Q4_0_V16`` decode kernels prefetch (``kernels.v16.PREFETCH_CHOICES``:
+2 KiB, or none): +30 % decode on the course's Xeon VM, −5 to −15 % on its AMD EPYC VM, whose prefetchers
+already follow the stream. After the variant, each distance is timed on that variant's matvec over
+``PREFETCH_MIB`` MiB (twice a 32 MiB L3, so from memory, as in decode), in interleaved rounds; no prefetch
+replaces the default only when its median is ``PREFETCH_MARGIN`` lower and it wins ``PREFETCH_WINS`` of the rounds.
+``KESTREL_PREFETCH_BYTES=<n>`` forces a distance. Taught in day07_3.
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ import numpy as np
 
 from kestrel_lab.atomic import write_json
 from kestrel_lab.kernels import ops as K
+from kestrel_lab.kernels import v16 as V
 from kestrel_lab.kernels import variants
 from kestrel_lab.kernels.host import host_features
 from kestrel_lab.paths import cache_dir
@@ -37,7 +44,13 @@ MARGIN = 0.10                        # the winner's median must be this much bel
 REPEATS = 7
 ROWS, COLS = 3 * 8192 * 2, 1024      # 49,152 × 1,024 Q4_0 = 27 MiB: beyond L2, a decode step's kind of read
 FILE = "kernel-choice.json"
-SCHEMA = "kestrel-lab/kernel-choice/1"
+SCHEMA = "kestrel-lab/kernel-choice/2"          # 2: with the prefetch distance (a /1 file is measured again)
+PREFETCH_ENV = "KESTREL_PREFETCH_BYTES"
+PREFETCH_MARGIN = 0.03                         # the other distance's median must be this much below the default's
+PREFETCH_MIB = 64                              # planes timed for the prefetch distance: beyond a 32 MiB L3
+PREFETCH_ROWS = 2048                           # rows of each matrix in that pass (Qwen3-0.6B's q projection)
+PREFETCH_REPEATS = 15
+PREFETCH_WINS = 0.8                            # share of paired rounds the other distance must win
 SELECTING = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "dotprod", "i8mm")
 
 
@@ -76,16 +89,32 @@ class Choice:
     timings: dict[str, list[float]] = field(default_factory=dict)   # seconds per matvec, each repeat
     reason: str = ""
     identity: dict = field(default_factory=dict)
+    prefetch_bytes: int = V.PREFETCH_BYTES     # how far ahead the V16 decode kernels prefetch (0: none)
+    prefetch_timings: dict[str, list[float]] = field(default_factory=dict)   # distance → seconds per matvec
+    prefetch_reason: str = "not measured: the default"
 
     def report(self) -> str:
-        """The choice in words, with each candidate's median GB/s and spread."""
+        """The choice in words, with each candidate's median GB/s and spread, then the prefetch distance."""
         lines = [f"Q4_0 variant: {self.variant.name} ({self.variant.instruction}) — {self.how}; {self.reason}"]
-        nbytes = ROWS * COLS // 32 * 18
-        for name, ts in sorted(self.timings.items(), key=lambda kv: np.median(kv[1])):
-            med = float(np.median(ts))
-            lines.append(f"  {name:<10} {nbytes / med / 1e9:6.1f} GB/s (median of {len(ts)}, spread "
-                         f"{(max(ts) - min(ts)) / med:.0%})" + ("  ← ISA default" if name == self.default else ""))
+        lines += _timing_lines(self.timings, ROWS * COLS // 32 * 18, self.default, "ISA default")
+        lines.append(f"prefetch: {_distance(self.prefetch_bytes)} — {self.prefetch_reason}")
+        pass_bytes = (PREFETCH_MIB << 20) // (PREFETCH_ROWS * COLS // 32 * 18) * PREFETCH_ROWS * COLS // 32 * 18
+        lines += _timing_lines(self.prefetch_timings, pass_bytes, str(V.PREFETCH_BYTES),
+                               "default", label=lambda d: f"{d} B ahead" if int(d) else "none")
         return "\n".join(lines)
+
+
+def _distance(nbytes: int) -> str:
+    return f"{nbytes} bytes ahead" if nbytes else "none (the hardware prefetchers alone)"
+
+
+def _timing_lines(timings: dict[str, list[float]], nbytes: int, default: str, tag: str, label=str) -> list[str]:
+    out = []
+    for name, ts in sorted(timings.items(), key=lambda kv: np.median(kv[1])):
+        med = float(np.median(ts))
+        out.append(f"  {label(name):<12} {nbytes / med / 1e9:6.1f} GB/s (median of {len(ts)}, spread "
+                   f"{(max(ts) - min(ts)) / med:.0%})" + (f"  ← {tag}" if name == default else ""))
+    return out
 
 
 def decide(timings: dict[str, list[float]], default: str, margin: float = MARGIN) -> tuple[str, str]:
@@ -136,6 +165,67 @@ def measure(candidates: list[variants.Variant], repeats: int = REPEATS, rows: in
     return times
 
 
+def measure_prefetch(variant: variants.Variant, distances=V.PREFETCH_CHOICES, repeats: int = PREFETCH_REPEATS,
+                     rows: int = PREFETCH_ROWS, cols: int = COLS) -> dict[str, list[float]]:
+    """Seconds of a decode-like pass of ``variant`` (all threads) per prefetch distance, ``repeats`` interleaved
+    rounds. The pass is what a decode step does: one matvec after another over matrices of ``rows`` × ``cols``
+    (Qwen3-0.6B's q projection by default), ``PREFETCH_MIB`` MiB in all, so each is read from memory. (One
+    64 MiB matrix ranks the distances differently from a decode step on the EPYC VM: the stream restarts at
+    every matrix in decode, never in one big matrix.)"""
+    rng = np.random.default_rng(1)
+    nb = cols // K.QK
+    G = variant.rows_per_group
+    n_mats = max(2, (PREFETCH_MIB << 20) // (rows * nb * K.Q4_BYTES))
+    q4 = rng.integers(0, 256, size=(rows, nb, K.Q4_BYTES), dtype=np.uint8)
+    q4[..., :2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+    nib, sc = np.empty((n_mats * rows // G, nb * 16 * G), np.uint8), np.empty((n_mats * rows // G, nb * G), np.uint16)
+    g = rows // G
+    for m in range(n_mats):                  # the same bytes in every matrix: only their addresses differ
+        variant.repack(q4.reshape(rows, nb * K.Q4_BYTES), nib[m * g:(m + 1) * g], sc[m * g:(m + 1) * g], K.n_chunks(g))
+    del q4
+    x = rng.standard_normal((1, cols), dtype=np.float32)
+    xq, xd, xc = np.empty((1, cols), np.int8), np.empty((1, nb), np.float32), np.empty((1, nb), np.int16)
+    K.quantize_act(x, xq, xd)
+    K.act_block_sums(xq, xc)
+    out, nch = np.empty(rows, np.float32), K.n_chunks(g)
+
+    def one_pass(d):
+        for m in range(n_mats):
+            variant.matvec(nib[m * g:(m + 1) * g], sc[m * g:(m + 1) * g], xq, xc, xd, out, nch, d)
+
+    times: dict[str, list[float]] = {str(d): [] for d in distances}
+    for d in distances:
+        one_pass(d)                                                # compile or load, and touch the pages
+    for r in range(repeats):
+        for d in (distances if r % 2 == 0 else distances[::-1]):   # alternate which goes first
+            t0 = time.perf_counter()
+            one_pass(d)
+            times[str(d)].append(time.perf_counter() - t0)
+    return times
+
+
+def decide_prefetch(timings: dict[str, list[float]], default: int = V.PREFETCH_BYTES,
+                    margin: float = PREFETCH_MARGIN) -> tuple[int, str]:
+    """(the distance to use, why): another distance replaces the default only when its median is ``margin``
+    below the default's and it was faster in at least ``PREFETCH_WINS`` of the interleaved rounds (this VM
+    kind's bandwidth swings between rounds, so the rounds are compared pairwise, not every run against every
+    run; 12 wins of 15 happen by chance in fewer than 2 % of fair trials)."""
+    d0 = str(default)
+    if d0 not in timings:
+        return default, "the default distance was not timed"
+    med = {d: float(np.median(t)) for d, t in timings.items()}
+    best = min(med, key=med.get)
+    if best == d0:
+        return default, "measured; the default was also the fastest"
+    gain = 1 - med[best] / med[d0]
+    wins = sum(a < b for a, b in zip(timings[best], timings[d0]))
+    n = len(timings[d0])
+    if gain >= margin and wins >= PREFETCH_WINS * n:
+        return int(best), f"measured; {gain:.0%} faster than {default} bytes ahead, in {wins} of {n} rounds"
+    return default, (f"measured; {_distance(int(best))} was {gain:.0%} faster, in {wins} of {n} rounds: not clearly "
+                     f"(needs ≥ {margin:.0%} in ≥ {PREFETCH_WINS:.0%} of the rounds), so the default stays")
+
+
 def _load(path) -> dict:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -144,7 +234,8 @@ def _load(path) -> dict:
         return {"schema": SCHEMA}
 
 
-def choose(features: frozenset[str] | None = None, *, timer=measure, store: bool = True) -> Choice:
+def choose(features: frozenset[str] | None = None, *, timer=measure, prefetch_timer=measure_prefetch,
+           store: bool = True) -> Choice:
     """The choice for this host: from the cache file when its identity matches, else measured (and stored)."""
     feats = host_features() if features is None else features
     default = ladder(feats)
@@ -160,16 +251,35 @@ def choose(features: frozenset[str] | None = None, *, timer=measure, store: bool
     path = cache_dir() / FILE
     doc, key = _load(path), key_of(ident)
     entry = doc.get(key)
-    if not (isinstance(entry, dict) and entry.get("identity") == ident and entry.get("variant") in variants.BY_NAME):
+    if not (isinstance(entry, dict) and entry.get("identity") == ident and entry.get("variant") in variants.BY_NAME
+            and isinstance(entry.get("prefetch_bytes"), int)):
         candidates = [v for v in variants.supported(feats) if v.planes]
         timings = timer(candidates)
         name, reason = decide(timings, default.name)
-        entry = {"identity": ident, "variant": name, "timings": timings, "reason": reason,
-                 "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        entry = {"identity": ident, "variant": name, "timings": timings, "reason": reason}
+        if variants.of(name).prefetches:
+            entry["prefetch_timings"] = prefetch_timer(variants.of(name))
+            entry["prefetch_bytes"], entry["prefetch_reason"] = decide_prefetch(entry["prefetch_timings"])
+        else:
+            entry.update(prefetch_bytes=V.PREFETCH_BYTES, prefetch_timings={},
+                         prefetch_reason=f"{name}'s kernels do not prefetch")
+        entry["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         if store:
             doc[key] = entry
             write_json(path, doc)
-    return Choice(variants.of(entry["variant"]), "measured", default.name, entry["timings"], entry["reason"], ident)
+    return Choice(variants.of(entry["variant"]), "measured", default.name, entry["timings"], entry["reason"], ident,
+                  entry["prefetch_bytes"], entry.get("prefetch_timings", {}), entry.get("prefetch_reason", ""))
+
+
+def prefetch_bytes() -> int:
+    """How far ahead this host's ``Q4_0_V16`` decode kernels prefetch: ``KESTREL_PREFETCH_BYTES`` when set, else
+    the measured choice (``current``)."""
+    forced = os.environ.get(PREFETCH_ENV, "").strip()
+    if forced:
+        if not forced.isdigit():
+            raise ValueError(f"{PREFETCH_ENV}={forced!r}: expected a number of bytes ≥ 0 (0: no prefetch)")
+        return int(forced)
+    return current(host_features()).prefetch_bytes
 
 
 @lru_cache(maxsize=None)

@@ -184,9 +184,15 @@ def _register_variant(v: variants.Variant) -> None:
     for a row-grouped layout (planes ``w.nib``/``w.sc``, activations with block sums) or the grouped MoE
     experts on the file's plain bytes (``w.w``, activations ``q8``)."""
     if v.planes:
+        def pf() -> tuple:
+            """The V16 kernels' prefetch distance, measured per machine (``kernels.choice``); left out when it is
+            the kernels' default, so one compiled form serves these calls and the lessons' direct ones."""
+            d = choice.prefetch_bytes() if v.prefetches else None
+            return () if d is None or d == choice.V.PREFETCH_BYTES else (d,)
+
         def one(w, act, out):
             xq, xc, xd = act.q8c()
-            v.matvec(w.nib, w.sc, xq, xc, xd, out[0], K.n_chunks(w.nib.shape[0]))
+            v.matvec(w.nib, w.sc, xq, xc, xd, out[0], K.n_chunks(w.nib.shape[0]), *pf())
 
         def many(w, act, out):
             xq, xc, xd = act.q8c()
@@ -195,11 +201,11 @@ def _register_variant(v: variants.Variant) -> None:
         def qkv(wq, wk, wv, act, q, k, v_):
             xq, xc, xd = act.q8c()
             v.matvec3(wq.nib, wq.sc, wk.nib, wk.sc, wv.nib, wv.sc, xq, xc, xd, q[0], k[0], v_[0],
-                      K.n_chunks(wq.nib.shape[0] + wk.nib.shape[0] + wv.nib.shape[0]))
+                      K.n_chunks(wq.nib.shape[0] + wk.nib.shape[0] + wv.nib.shape[0]), *pf())
 
         def fused_swiglu(wg, wu, act, out):
             xq, xc, xd = act.q8c()
-            v.swiglu(wg.nib, wg.sc, wu.nib, wu.sc, xq, xc, xd, out[0], K.n_chunks(wg.nib.shape[0]))
+            v.swiglu(wg.nib, wg.sc, wu.nib, wu.sc, xq, xc, xd, out[0], K.n_chunks(wg.nib.shape[0]), *pf())
     else:
         def one(w, act, out):
             xq, xd = act.q8()

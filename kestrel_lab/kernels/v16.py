@@ -80,12 +80,18 @@ def repack_q4_0_to_v16(src, nib, sc, nchunk):
                             nib[g, b * BLOCK_BYTES + 64 * k + 4 * r + i] = row[s + 2 + 4 * k + i]
 
 
-#: How far ahead of the block being multiplied the decode kernels prefetch the nibble plane. A decode
+#: How far ahead of the block being multiplied the decode kernels prefetch the nibble plane (the
+#: kernels' ``prefetch`` argument; 0: no prefetch instruction, the hardware prefetchers alone). A decode
 #: step reads every weight once, from memory; the hardware prefetcher alone left the Q4_0_V16 matvec at
 #: ~60 % of the read bandwidth on this course's 2-vCPU Xeon. Prefetching 2 KiB ahead (4 lines per block)
 #: took Qwen3-0.6B decode from 24.5 to 32 tok/s at 1 thread and 45 to 59 at 2 (with the planes on huge
 #: pages; 1, 2, 4 and 8 KiB measured, interleaved, quiet machine); a non-temporal prefetch halved it.
+#: On the course's AMD EPYC (Zen 4) VM the same instructions slow decode down: without them a whole step
+#: ran 10 % faster at 1 thread and 4 % at 2 (median of 30 interleaved rounds in one process, winning 22 and
+#: 23 of them): its prefetchers already follow the stream. So the distance is one of ``PREFETCH_CHOICES``,
+#: measured per machine by ``kernels.choice`` (``PREFETCH_BYTES`` is the default).
 PREFETCH_BYTES = 2048
+PREFETCH_CHOICES = (PREFETCH_BYTES, 0)
 
 
 # ------------------------------------------------------------------------------ the x86 block
@@ -341,54 +347,58 @@ def _scales(sc, Si):
 
 
 @njit(cache=True, inline="always")
-def _prefetch_ahead(nib, at):
-    """Prefetch the 256 bytes (4 lines) ``PREFETCH_BYTES`` past byte ``at`` of the nibble plane (past the
-    end of the group's row is the next group's, which this thread reads next; a prefetch never faults)."""
-    for line in range(4):
-        K.prefetch(nib, at + PREFETCH_BYTES + 64 * line)
+def _prefetch_ahead(nib, at, dist):
+    """Prefetch the 256 bytes (4 lines) ``dist`` bytes past byte ``at`` of the nibble plane (past the end of
+    the group's row is the next group's, which this thread reads next; a prefetch never faults); nothing
+    when ``dist`` is 0."""
+    if dist > 0:
+        for line in range(4):
+            K.prefetch(nib, at + dist + 64 * line)
 
 
 # ------------------------------------------------------------------------------ the kernels
 @njit(fastmath=True, cache=True, inline="always")
-def _group_vnni(nib, sc, xw, xc, xd, F, Si):
+def _group_vnni(nib, sc, xw, xc, xd, F, Si, pf):
     """The 16 outputs of one group for one token into ``F`` (``vpdpbusd``; the scales are widened inside the
     block, so ``Si`` is not used)."""
     F[:] = 0
     for b in range(xd.shape[0]):
-        _prefetch_ahead(nib, b * BLOCK_BYTES)
+        _prefetch_ahead(nib, b * BLOCK_BYTES, pf)
         block16_fma(nib, b * BLOCK_BYTES, xw, b * 8, np.int32(xc[b]), sc, b * QV, xd[b], F)
 
 
 @njit(fastmath=True, cache=True, inline="always")
-def _group_avx2(nib, sc, xw, xc, xd, F, Si):
+def _group_avx2(nib, sc, xw, xc, xd, F, Si, pf):
     """``_group_vnni`` with ``vpmaddubsw`` + ``vpmaddwd``."""
     F[:] = 0
     for b in range(xd.shape[0]):
-        _prefetch_ahead(nib, b * BLOCK_BYTES)
+        _prefetch_ahead(nib, b * BLOCK_BYTES, pf)
         block16_fma_avx2(nib, b * BLOCK_BYTES, xw, b * 8, np.int32(xc[b]), sc, b * QV, xd[b], F)
 
 
 @njit(fastmath=True, cache=True, inline="always")
-def _group_portable(nib, sc, xw, xc, xd, F, Si):
+def _group_portable(nib, sc, xw, xc, xd, F, Si, pf):
     """``_group_vnni`` in plain loops (the scales converted first into ``Si``, by the bit trick)."""
     Sf = Si.view(np.float32)
     _scales(sc, Si)
     F[:] = 0
     for b in range(xd.shape[0]):
-        _prefetch_ahead(nib, b * BLOCK_BYTES)
+        _prefetch_ahead(nib, b * BLOCK_BYTES, pf)
         block16_fma_portable(nib, b * BLOCK_BYTES, xw, b * 8, np.int32(xc[b]), Sf, b * QV, xd[b] * K.F16_SCALE, F)
 
 
 def _make_kernels(isa: str):
     """matvec / three matvecs / SwiGLU / matmul on ``Q4_0_V16``: ``isa`` "vnni" (``vpdpbusd``), "avx2"
-    (``vpmaddubsw`` + ``vpmaddwd``) or "portable" (plain loops).
+    (``vpmaddubsw`` + ``vpmaddwd``) or "portable" (plain loops). The decode kernels (matvec, matvec3,
+    SwiGLU) take a last argument ``prefetch``, the distance of ``_prefetch_ahead`` (default
+    ``PREFETCH_BYTES``; ``kernels.choice`` measures which distance this machine decodes faster with).
 
     One body, three compiled variants: numba freezes the closure's ``isa`` and prunes the branches not
     taken before typing, so the portable variant never meets an x86 intrinsic (and compiles on any
     CPU), and the closure holds only a str, which keeps numba's on-disk cache key stable."""
 
     @njit(parallel=True, fastmath=True, cache=True)
-    def matvec(nib, sc, xq, xc, xd, out, nchunk):
+    def matvec(nib, sc, xq, xc, xd, out, nchunk, prefetch=PREFETCH_BYTES):
         ng = nib.shape[0]
         step = (ng + nchunk - 1) // nchunk
         xw = xq[0].view(np.int32)
@@ -397,15 +407,15 @@ def _make_kernels(isa: str):
             Si = np.empty(sc.shape[1], np.int32)
             for g in range(c * step, min(ng, c * step + step)):
                 if isa == "vnni":
-                    _group_vnni(nib[g], sc[g], xw, xc[0], xd[0], F, Si)
+                    _group_vnni(nib[g], sc[g], xw, xc[0], xd[0], F, Si, prefetch)
                 elif isa == "avx2":
-                    _group_avx2(nib[g], sc[g], xw, xc[0], xd[0], F, Si)
+                    _group_avx2(nib[g], sc[g], xw, xc[0], xd[0], F, Si, prefetch)
                 else:
-                    _group_portable(nib[g], sc[g], xw, xc[0], xd[0], F, Si)
+                    _group_portable(nib[g], sc[g], xw, xc[0], xd[0], F, Si, prefetch)
                 out[g * QV:(g + 1) * QV] = F
 
     @njit(parallel=True, fastmath=True, cache=True)
-    def matvec3(na_, sa, nb_, sb, nc_, scc, xq, xc, xd, oa, ob, oc, nchunk):
+    def matvec3(na_, sa, nb_, sb, nc_, scc, xq, xc, xd, oa, ob, oc, nchunk, prefetch=PREFETCH_BYTES):
         ga, gb = na_.shape[0], nb_.shape[0]
         ng = ga + gb + nc_.shape[0]
         step = (ng + nchunk - 1) // nchunk
@@ -416,33 +426,33 @@ def _make_kernels(isa: str):
             for g in range(c * step, min(ng, c * step + step)):
                 if g < ga:
                     if isa == "vnni":
-                        _group_vnni(na_[g], sa[g], xw, xc[0], xd[0], F, Si)
+                        _group_vnni(na_[g], sa[g], xw, xc[0], xd[0], F, Si, prefetch)
                     elif isa == "avx2":
-                        _group_avx2(na_[g], sa[g], xw, xc[0], xd[0], F, Si)
+                        _group_avx2(na_[g], sa[g], xw, xc[0], xd[0], F, Si, prefetch)
                     else:
-                        _group_portable(na_[g], sa[g], xw, xc[0], xd[0], F, Si)
+                        _group_portable(na_[g], sa[g], xw, xc[0], xd[0], F, Si, prefetch)
                     oa[g * QV:(g + 1) * QV] = F
                 elif g < ga + gb:
                     h = g - ga
                     if isa == "vnni":
-                        _group_vnni(nb_[h], sb[h], xw, xc[0], xd[0], F, Si)
+                        _group_vnni(nb_[h], sb[h], xw, xc[0], xd[0], F, Si, prefetch)
                     elif isa == "avx2":
-                        _group_avx2(nb_[h], sb[h], xw, xc[0], xd[0], F, Si)
+                        _group_avx2(nb_[h], sb[h], xw, xc[0], xd[0], F, Si, prefetch)
                     else:
-                        _group_portable(nb_[h], sb[h], xw, xc[0], xd[0], F, Si)
+                        _group_portable(nb_[h], sb[h], xw, xc[0], xd[0], F, Si, prefetch)
                     ob[h * QV:(h + 1) * QV] = F
                 else:
                     h = g - ga - gb
                     if isa == "vnni":
-                        _group_vnni(nc_[h], scc[h], xw, xc[0], xd[0], F, Si)
+                        _group_vnni(nc_[h], scc[h], xw, xc[0], xd[0], F, Si, prefetch)
                     elif isa == "avx2":
-                        _group_avx2(nc_[h], scc[h], xw, xc[0], xd[0], F, Si)
+                        _group_avx2(nc_[h], scc[h], xw, xc[0], xd[0], F, Si, prefetch)
                     else:
-                        _group_portable(nc_[h], scc[h], xw, xc[0], xd[0], F, Si)
+                        _group_portable(nc_[h], scc[h], xw, xc[0], xd[0], F, Si, prefetch)
                     oc[h * QV:(h + 1) * QV] = F
 
     @njit(parallel=True, fastmath=True, cache=True)
-    def swiglu(ng_, sg, nu, su, xq, xc, xd, out, nchunk):
+    def swiglu(ng_, sg, nu, su, xq, xc, xd, out, nchunk, prefetch=PREFETCH_BYTES):
         """``silu(W_gate x) · (W_up x)``: each chunk's gate groups, then the same groups of up. Alternating
         between the two matrices group by group read at ~19 GB/s at 1 thread where this order reads ~23 (the
         two matrices as separate matvecs ~24) on the course's EPYC VM: long sequential streams are what the
@@ -456,19 +466,19 @@ def _make_kernels(isa: str):
             lo, hi = c * step, min(ng, c * step + step)
             for g in range(lo, hi):           # gate: its 16 outputs wait in ``out``
                 if isa == "vnni":
-                    _group_vnni(ng_[g], sg[g], xw, xc[0], xd[0], F, Si)
+                    _group_vnni(ng_[g], sg[g], xw, xc[0], xd[0], F, Si, prefetch)
                 elif isa == "avx2":
-                    _group_avx2(ng_[g], sg[g], xw, xc[0], xd[0], F, Si)
+                    _group_avx2(ng_[g], sg[g], xw, xc[0], xd[0], F, Si, prefetch)
                 else:
-                    _group_portable(ng_[g], sg[g], xw, xc[0], xd[0], F, Si)
+                    _group_portable(ng_[g], sg[g], xw, xc[0], xd[0], F, Si, prefetch)
                 out[g * QV:(g + 1) * QV] = F
             for g in range(lo, hi):           # up, and the product
                 if isa == "vnni":
-                    _group_vnni(nu[g], su[g], xw, xc[0], xd[0], F, Si)
+                    _group_vnni(nu[g], su[g], xw, xc[0], xd[0], F, Si, prefetch)
                 elif isa == "avx2":
-                    _group_avx2(nu[g], su[g], xw, xc[0], xd[0], F, Si)
+                    _group_avx2(nu[g], su[g], xw, xc[0], xd[0], F, Si, prefetch)
                 else:
-                    _group_portable(nu[g], su[g], xw, xc[0], xd[0], F, Si)
+                    _group_portable(nu[g], su[g], xw, xc[0], xd[0], F, Si, prefetch)
                 for r in range(QV):
                     out[g * QV + r] = K.silu(out[g * QV + r]) * F[r]
 

@@ -57,6 +57,11 @@ class Variant:
     matmul_stem: str = "matmul_"    # the prefill kernel's name prefix
 
     @property
+    def prefetches(self) -> bool:
+        """Whether its decode kernels take a prefetch distance (``kernels.v16``; measured by ``kernels.choice``)."""
+        return self.layout == "Q4_0_V16"
+
+    @property
     def planes(self) -> bool:
         """Whether the layout is made at load (row-grouped planes) rather than the file's own bytes."""
         return self.repack is not None
@@ -123,17 +128,18 @@ def _literal(name) -> Variant:
     return of(name.literal_value)
 
 
-def matvec(name, nib, sc, xq, xc, xd, out, nchunk):
-    """Variant ``name``'s ``out = W x`` on its planes (numba only)."""
+def matvec(name, nib, sc, xq, xc, xd, out, nchunk, prefetch):
+    """Variant ``name``'s ``out = W x`` on its planes (numba only). ``prefetch``: how far ahead the ``Q4_0_V16``
+    kernels prefetch (``kernels.choice`` measures it per machine); the other layouts do not use it."""
     raise NotImplementedError("variants.matvec is resolved by numba inside a compiled function")
 
 
-def matvec3(name, na, sa, nb, sb, nc, sc, xq, xc, xd, oa, ob, oc, nchunk):
+def matvec3(name, na, sa, nb, sb, nc, sc, xq, xc, xd, oa, ob, oc, nchunk, prefetch):
     """Variant ``name``'s Q, K and V of one token in one parallel region (numba only)."""
     raise NotImplementedError("variants.matvec3 is resolved by numba inside a compiled function")
 
 
-def swiglu(name, ng, sg, nu, su, xq, xc, xd, out, nchunk):
+def swiglu(name, ng, sg, nu, su, xq, xc, xd, out, nchunk, prefetch):
     """Variant ``name``'s ``silu(Wgate x) · (Wup x)`` in one pass (numba only)."""
     raise NotImplementedError("variants.swiglu is resolved by numba inside a compiled function")
 
@@ -146,38 +152,47 @@ def group(name, nib, sc, x8, x32, xc, xd, F, Si, Sf):
 
 
 @overload(matvec, jit_options={"cache": True})
-def _ov_matvec(name, nib, sc, xq, xc, xd, out, nchunk):
+def _ov_matvec(name, nib, sc, xq, xc, xd, out, nchunk, prefetch):
     v = _literal(name)
     if v is None:
         return None
     fn = v.matvec
-
-    def impl(name, nib, sc, xq, xc, xd, out, nchunk):
-        fn(nib, sc, xq, xc, xd, out, nchunk)
+    if v.prefetches:
+        def impl(name, nib, sc, xq, xc, xd, out, nchunk, prefetch):
+            fn(nib, sc, xq, xc, xd, out, nchunk, prefetch)
+    else:
+        def impl(name, nib, sc, xq, xc, xd, out, nchunk, prefetch):
+            fn(nib, sc, xq, xc, xd, out, nchunk)
     return impl
 
 
 @overload(matvec3, jit_options={"cache": True})
-def _ov_matvec3(name, na, sa, nb, sb, nc, sc, xq, xc, xd, oa, ob, oc, nchunk):
+def _ov_matvec3(name, na, sa, nb, sb, nc, sc, xq, xc, xd, oa, ob, oc, nchunk, prefetch):
     v = _literal(name)
     if v is None:
         return None
     fn = v.matvec3
-
-    def impl(name, na, sa, nb, sb, nc, sc, xq, xc, xd, oa, ob, oc, nchunk):
-        fn(na, sa, nb, sb, nc, sc, xq, xc, xd, oa, ob, oc, nchunk)
+    if v.prefetches:
+        def impl(name, na, sa, nb, sb, nc, sc, xq, xc, xd, oa, ob, oc, nchunk, prefetch):
+            fn(na, sa, nb, sb, nc, sc, xq, xc, xd, oa, ob, oc, nchunk, prefetch)
+    else:
+        def impl(name, na, sa, nb, sb, nc, sc, xq, xc, xd, oa, ob, oc, nchunk, prefetch):
+            fn(na, sa, nb, sb, nc, sc, xq, xc, xd, oa, ob, oc, nchunk)
     return impl
 
 
 @overload(swiglu, jit_options={"cache": True})
-def _ov_swiglu(name, ng, sg, nu, su, xq, xc, xd, out, nchunk):
+def _ov_swiglu(name, ng, sg, nu, su, xq, xc, xd, out, nchunk, prefetch):
     v = _literal(name)
     if v is None:
         return None
     fn = v.swiglu
-
-    def impl(name, ng, sg, nu, su, xq, xc, xd, out, nchunk):
-        fn(ng, sg, nu, su, xq, xc, xd, out, nchunk)
+    if v.prefetches:
+        def impl(name, ng, sg, nu, su, xq, xc, xd, out, nchunk, prefetch):
+            fn(ng, sg, nu, su, xq, xc, xd, out, nchunk, prefetch)
+    else:
+        def impl(name, ng, sg, nu, su, xq, xc, xd, out, nchunk, prefetch):
+            fn(ng, sg, nu, su, xq, xc, xd, out, nchunk)
     return impl
 
 
@@ -192,7 +207,7 @@ def _ov_group(name, nib, sc, x8, x32, xc, xd, F, Si, Sf):
             fn(nib, sc, x8, xc, xd, F, Si, Sf)
     else:                            # 16-row groups: the activations as int32 words of four bytes
         def impl(name, nib, sc, x8, x32, xc, xd, F, Si, Sf):
-            fn(nib, sc, x32, xc, xd, F, Si)
+            fn(nib, sc, x32, xc, xd, F, Si, V.PREFETCH_BYTES)
     return impl
 
 
