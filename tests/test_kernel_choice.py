@@ -194,3 +194,12 @@ def test_every_prefetch_distance_gives_the_same_bits():
             v.swiglu(nib[:2], sc[:2], nib[2:], sc[2:], xq, xc, xd, g, 2, d)
             outs.append((y, g))
         assert all(np.array_equal(a, b) for a, b in zip(*outs)), v.name
+
+
+def test_the_prefetch_timer_runs_a_real_decode_step():
+    """``measure_prefetch`` times the variant's whole-step kernel at each distance (one small layer here)."""
+    from kestrel_lab.kernels.host import host_features
+
+    v = next(v for v in variants.supported(host_features()) if v.prefetches)
+    t = choice.measure_prefetch(v, repeats=2, layers=1)
+    assert sorted(t) == ["0", "2048"] and all(len(s) == 2 and min(s) > 0 for s in t.values())

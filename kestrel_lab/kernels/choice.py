@@ -13,10 +13,11 @@ the variant table), so another CPU measures again; ``KESTREL_Q4_LAYOUT`` still f
 forces one variant. ``report()`` says what was measured and why.
 
 The same goes for how far ahead the ``Q4_0_V16`` decode kernels prefetch (``kernels.v16.PREFETCH_CHOICES``:
-2 KiB, or none): +30 % decode on the course's Xeon VM, −5 to −15 % on its AMD EPYC VM, whose prefetchers
-already follow the stream. After the variant, each distance is timed on that variant's matvec over
-``PREFETCH_MIB`` MiB (twice a 32 MiB L3, so from memory, as in decode), in interleaved rounds; no prefetch
-replaces the default only when its median is ``PREFETCH_MARGIN`` lower and it wins ``PREFETCH_WINS`` of the rounds.
+2 KiB, or none): +30 % decode on the course's Xeon VM, −7 to −10 % at 1 thread on its AMD EPYC VM, whose
+prefetchers already follow the stream. After the variant, each distance is timed on that variant's whole
+decode step over ``PREFETCH_LAYERS`` layers of Qwen3-0.6B's shapes (random weights, read from memory), in
+interleaved rounds; no prefetch replaces the default only when its median is ``PREFETCH_MARGIN`` lower and it
+wins ``PREFETCH_WINS`` of the rounds.
 ``KESTREL_PREFETCH_BYTES=<n>`` forces a distance. Taught in day07_3.
 """
 from __future__ import annotations
@@ -47,10 +48,10 @@ FILE = "kernel-choice.json"
 SCHEMA = "kestrel-lab/kernel-choice/2"          # 2: with the prefetch distance (a /1 file is measured again)
 PREFETCH_ENV = "KESTREL_PREFETCH_BYTES"
 PREFETCH_MARGIN = 0.03                         # the other distance's median must be this much below the default's
-PREFETCH_MIB = 64                              # planes timed for the prefetch distance: beyond a 32 MiB L3
-PREFETCH_ROWS = 2048                           # rows of each matrix in that pass (Qwen3-0.6B's q projection)
-PREFETCH_REPEATS = 15
-PREFETCH_WINS = 0.8                            # share of paired rounds the other distance must win
+STEP_SHAPES = {"hidden": 1024, "heads": 16, "kv_heads": 8, "head_dim": 128, "inter": 3072}   # Qwen3-0.6B
+PREFETCH_LAYERS = 16                           # layers of the step timed for the prefetch distance (~168 MB)
+PREFETCH_REPEATS = 31
+PREFETCH_WINS = 2 / 3                          # share of paired rounds the other distance must win
 SELECTING = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "dotprod", "i8mm")
 
 
@@ -98,10 +99,16 @@ class Choice:
         lines = [f"Q4_0 variant: {self.variant.name} ({self.variant.instruction}) — {self.how}; {self.reason}"]
         lines += _timing_lines(self.timings, ROWS * COLS // 32 * 18, self.default, "ISA default")
         lines.append(f"prefetch: {_distance(self.prefetch_bytes)} — {self.prefetch_reason}")
-        pass_bytes = (PREFETCH_MIB << 20) // (PREFETCH_ROWS * COLS // 32 * 18) * PREFETCH_ROWS * COLS // 32 * 18
-        lines += _timing_lines(self.prefetch_timings, pass_bytes, str(V.PREFETCH_BYTES),
+        lines += _timing_lines(self.prefetch_timings, _step_bytes(), str(V.PREFETCH_BYTES),
                                "default", label=lambda d: f"{d} B ahead" if int(d) else "none")
         return "\n".join(lines)
+
+
+def _step_bytes(layers: int = PREFETCH_LAYERS) -> int:
+    """Q4_0 bytes one timed step of ``measure_prefetch`` reads (its seven matrices per layer)."""
+    hid, H, KVH, D, inter = (STEP_SHAPES[k] for k in ("hidden", "heads", "kv_heads", "head_dim", "inter"))
+    weights = hid * (H * D + 2 * KVH * D) + H * D * hid + 3 * hid * inter
+    return layers * weights // K.QK * K.Q4_BYTES
 
 
 def _distance(nbytes: int) -> str:
@@ -165,41 +172,53 @@ def measure(candidates: list[variants.Variant], repeats: int = REPEATS, rows: in
     return times
 
 
-def measure_prefetch(variant: variants.Variant, distances=V.PREFETCH_CHOICES, repeats: int = PREFETCH_REPEATS,
-                     rows: int = PREFETCH_ROWS, cols: int = COLS) -> dict[str, list[float]]:
-    """Seconds of a decode-like pass of ``variant`` (all threads) per prefetch distance, ``repeats`` interleaved
-    rounds. The pass is what a decode step does: one matvec after another over matrices of ``rows`` × ``cols``
-    (Qwen3-0.6B's q projection by default), ``PREFETCH_MIB`` MiB in all, so each is read from memory. (One
-    64 MiB matrix ranks the distances differently from a decode step on the EPYC VM: the stream restarts at
-    every matrix in decode, never in one big matrix.)"""
-    rng = np.random.default_rng(1)
-    nb = cols // K.QK
-    G = variant.rows_per_group
-    n_mats = max(2, (PREFETCH_MIB << 20) // (rows * nb * K.Q4_BYTES))
-    q4 = rng.integers(0, 256, size=(rows, nb, K.Q4_BYTES), dtype=np.uint8)
-    q4[..., :2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
-    nib, sc = np.empty((n_mats * rows // G, nb * 16 * G), np.uint8), np.empty((n_mats * rows // G, nb * G), np.uint16)
-    g = rows // G
-    for m in range(n_mats):                  # the same bytes in every matrix: only their addresses differ
-        variant.repack(q4.reshape(rows, nb * K.Q4_BYTES), nib[m * g:(m + 1) * g], sc[m * g:(m + 1) * g], K.n_chunks(g))
-    del q4
-    x = rng.standard_normal((1, cols), dtype=np.float32)
-    xq, xd, xc = np.empty((1, cols), np.int8), np.empty((1, nb), np.float32), np.empty((1, nb), np.int16)
-    K.quantize_act(x, xq, xd)
-    K.act_block_sums(xq, xc)
-    out, nch = np.empty(rows, np.float32), K.n_chunks(g)
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.setflags(write=False)                  # the engine's weights are read-only: the same compiled step
+    return a
 
-    def one_pass(d):
-        for m in range(n_mats):
-            variant.matvec(nib[m * g:(m + 1) * g], sc[m * g:(m + 1) * g], xq, xc, xd, out, nch, d)
+
+def measure_prefetch(variant: variants.Variant, distances=V.PREFETCH_CHOICES, repeats: int = PREFETCH_REPEATS,
+                     layers: int = PREFETCH_LAYERS) -> dict[str, list[float]]:
+    """Seconds of one decode step of ``variant``'s whole-step kernel (``kernels.step``, all threads) per prefetch
+    distance, ``repeats`` interleaved rounds: ``layers`` layers of Qwen3-0.6B's shapes (``STEP_SHAPES``) with
+    random weights, ~10 MiB each, so they come from memory as in decode. A decode step, not a matvec alone:
+    on the course's EPYC VM a step ran 7–10 % faster without prefetching at 1 thread while matvecs timed
+    alone over the same bytes showed no difference either way."""
+    from kestrel_lab.kernels import step
+
+    hid, H, KVH, D, inter = (STEP_SHAPES[k] for k in ("hidden", "heads", "kv_heads", "head_dim", "inter"))
+    rng = np.random.default_rng(1)
+    G, L = variant.rows_per_group, layers
+    scale = np.float16(0.01).view(np.uint16)
+    planes = []
+    for rows, cols in ((H * D, hid), (KVH * D, hid), (KVH * D, hid), (hid, H * D), (inter, hid), (inter, hid),
+                       (hid, inter)):          # q, k, v, o, gate, up, down: any bytes are valid nibbles
+        nb = cols // K.QK
+        planes += [_frozen(rng.integers(0, 256, size=(L * rows // G, nb * 16 * G), dtype=np.uint8)),
+                   _frozen(np.full((L * rows // G, nb * G), scale, np.uint16))]
+    ones = _frozen(np.ones((L, hid), np.float32))
+    qk = _frozen(np.ones((L, D), np.float32))
+    no_bias = _frozen(np.zeros((L, 0), np.float32))
+    pos = 64
+    kc, vc = np.zeros((L, KVH, pos + 8, D), np.float32), np.zeros((L, KVH, pos + 8, D), np.float32)
+    ang = (pos * 10000.0 ** (-np.arange(D // 2) / (D // 2)))[None, :]
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    h0 = (0.1 * rng.standard_normal((1, hid))).astype(np.float32)
+    h = h0.copy()
+    fn, nt = step.make_decode_layers(variant.name), numba.get_num_threads()
+
+    def one_step(d):
+        h[:] = h0
+        fn(h, np.float32(1e-6), ones, ones, qk, qk, (no_bias, no_bias, no_bias), True, False, tuple(planes), kc, vc,
+           pos, cos, sin, H, nt, d)
 
     times: dict[str, list[float]] = {str(d): [] for d in distances}
     for d in distances:
-        one_pass(d)                                                # compile or load, and touch the pages
+        one_step(d)                                                # compile or load, and touch the pages
     for r in range(repeats):
         for d in (distances if r % 2 == 0 else distances[::-1]):   # alternate which goes first
             t0 = time.perf_counter()
-            one_pass(d)
+            one_step(d)
             times[str(d)].append(time.perf_counter() - t0)
     return times
 
@@ -209,7 +228,7 @@ def decide_prefetch(timings: dict[str, list[float]], default: int = V.PREFETCH_B
     """(the distance to use, why): another distance replaces the default only when its median is ``margin``
     below the default's and it was faster in at least ``PREFETCH_WINS`` of the interleaved rounds (this VM
     kind's bandwidth swings between rounds, so the rounds are compared pairwise, not every run against every
-    run; 12 wins of 15 happen by chance in fewer than 2 % of fair trials)."""
+    run; 21 wins of 31 happen by chance in fewer than 4 % of fair trials)."""
     d0 = str(default)
     if d0 not in timings:
         return default, "the default distance was not timed"
