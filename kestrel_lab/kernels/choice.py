@@ -13,8 +13,8 @@ the variant table), so another CPU measures again; ``KESTREL_Q4_LAYOUT`` still f
 forces one variant. ``report()`` says what was measured and why.
 
 The same goes for how far ahead the ``Q4_0_V16`` decode kernels prefetch (``kernels.v16.PREFETCH_CHOICES``:
-2 KiB, or none): +30 % decode on the course's Xeon VM, −7 to −10 % at 1 thread on its AMD EPYC VM, whose
-prefetchers already follow the stream. After the variant, each distance is timed on that variant's whole
+2 KiB, or none): +30 % decode on the course's Xeon VM, but a 7–10 % slower step at 1 thread on its AMD EPYC VM,
+whose prefetchers already follow the stream. After the variant, each distance is timed on that variant's whole
 decode step over ``PREFETCH_LAYERS`` layers of Qwen3-0.6B's shapes (random weights, read from memory), in
 interleaved rounds; no prefetch replaces the default only when its median is ``PREFETCH_MARGIN`` lower and it
 wins ``PREFETCH_WINS`` of the rounds.
@@ -35,6 +35,7 @@ import numpy as np
 
 from kestrel_lab.atomic import write_json
 from kestrel_lab.kernels import ops as K
+from kestrel_lab.kernels import step
 from kestrel_lab.kernels import v16 as V
 from kestrel_lab.kernels import variants
 from kestrel_lab.kernels.host import host_features
@@ -91,7 +92,7 @@ class Choice:
     reason: str = ""
     identity: dict = field(default_factory=dict)
     prefetch_bytes: int = V.PREFETCH_BYTES     # how far ahead the V16 decode kernels prefetch (0: none)
-    prefetch_timings: dict[str, list[float]] = field(default_factory=dict)   # distance → seconds per matvec
+    prefetch_timings: dict[str, list[float]] = field(default_factory=dict)   # distance → seconds per step
     prefetch_reason: str = "not measured: the default"
 
     def report(self) -> str:
@@ -181,11 +182,9 @@ def measure_prefetch(variant: variants.Variant, distances=V.PREFETCH_CHOICES, re
                      layers: int = PREFETCH_LAYERS) -> dict[str, list[float]]:
     """Seconds of one decode step of ``variant``'s whole-step kernel (``kernels.step``, all threads) per prefetch
     distance, ``repeats`` interleaved rounds: ``layers`` layers of Qwen3-0.6B's shapes (``STEP_SHAPES``) with
-    random weights, ~10 MiB each, so they come from memory as in decode. A decode step, not a matvec alone:
+    random weights, ~9 MB each, so they come from memory as in decode. A decode step, not a matvec alone:
     on the course's EPYC VM a step ran 7–10 % faster without prefetching at 1 thread while matvecs timed
     alone over the same bytes showed no difference either way."""
-    from kestrel_lab.kernels import step
-
     hid, H, KVH, D, inter = (STEP_SHAPES[k] for k in ("hidden", "heads", "kv_heads", "head_dim", "inter"))
     rng = np.random.default_rng(1)
     G, L = variant.rows_per_group, layers
