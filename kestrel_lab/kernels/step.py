@@ -49,17 +49,15 @@ def make_decode_layers(kind: str):
         """Every layer of one decode step in a single numba call, all seven matrices row-interleaved Q4_0.
 
         Exactly the per-layer code of ``Qwen3Engine._forward`` (same kernels, same order of float
-        operations, so the logits are bit-identical), without its ~20 Python-level calls per layer:
-        at 30+ tok/s one step lasts ~25 ms and the interpreter's dispatch, allocations and argument
-        checks would otherwise cost several of them. The parallel kernels it calls still run on all
-        numba threads. The architecture's attention traits (``config.ATTENTION_TRAITS``) come as
+        operations, so the logits are bit-identical), without its ~20 Python-level calls per layer, whose
+        dispatch and argument checks would cost several ms of a ~25 ms step. The parallel kernels it calls
+        still run on all numba threads. The architecture's attention traits (``config.ATTENTION_TRAITS``) come as
         ``qk_norm`` (Qwen3: per-head RMSNorm of q and k, ``q_norm``/``k_norm`` (L, D)) and ``has_bias``
         (Qwen2: ``qkv_bias`` = (q, k, v) biases, each (L, dim), added after the projections); an
         absent tensor is an empty (L, 0) array. ``h`` (1, hidden) is updated in place; ``planes`` is the tuple
         (nibbles, scales) × (q, k, v, o, gate, up, down), each the whole stack of layers; ``kc_all``/``vc_all``
-        the KV cache (layers, kv_heads, max_context, head_dim), written at ``pos``; ``nt`` the thread count (each
-        matvec is cut into ``4·nt`` chunks, as ``kernels.ops.n_chunks`` does); ``prefetch`` the kernels' prefetch
-        distance in bytes (``kernels.choice``: measured per machine; 0 = the hardware prefetchers alone).
+        the KV cache (layers, kv_heads, max_context, head_dim), written at ``pos``; ``nt`` the thread count (a
+        matvec is cut into ``4·nt`` chunks); ``prefetch`` the kernels' prefetch distance (``kernels.choice``).
         """
         qn, qs, kn, ks, vn, vs, on, os_, gn, gs, un, us, dn, ds = planes
         qb, kb, vb = qkv_bias
@@ -67,6 +65,7 @@ def make_decode_layers(kind: str):
         KVH, D = kc_all.shape[1], kc_all.shape[3]
         inter = gn.shape[0] * G // L
         gq, gk, go, gg, gd = qn.shape[0] // L, kn.shape[0] // L, on.shape[0] // L, gn.shape[0] // L, dn.shape[0] // L
+        cqkv, co, cg, cd = min(gq + 2 * gk, 4 * nt), min(go, 4 * nt), min(gg, 4 * nt), min(gd, 4 * nt)   # chunks
         x = np.empty((1, hid), np.float32)
         q = np.empty((1, H, D), np.float32)
         k = np.empty((1, KVH, D), np.float32)
@@ -83,8 +82,7 @@ def make_decode_layers(kind: str):
             # (arguments spelled out, not ``*tuple``: numba keeps ``kind`` a constant only in a plain call)
             variants.matvec3(kind, qn[l * gq:(l + 1) * gq], qs[l * gq:(l + 1) * gq], kn[l * gk:(l + 1) * gk],
                              ks[l * gk:(l + 1) * gk], vn[l * gk:(l + 1) * gk], vs[l * gk:(l + 1) * gk],
-                             xq, xc, xd, q.reshape(-1), k.reshape(-1), v.reshape(-1), min(gq + 2 * gk, 4 * nt),
-                             prefetch)
+                             xq, xc, xd, q.reshape(-1), k.reshape(-1), v.reshape(-1), cqkv, prefetch)
             if has_bias:
                 qf, kf, vf = q.reshape(-1), k.reshape(-1), v.reshape(-1)
                 for i in range(qf.size):
@@ -101,18 +99,16 @@ def make_decode_layers(kind: str):
             vc_all[l, :, pos, :] = v[0]
             attend(q, kc_all[l], vc_all[l], pos, o)
             xq, xc, xd = _q8c_into(o.reshape(1, H * D), xq_buf, xd_buf, xc_buf)
-            variants.matvec(kind, on[l * go:(l + 1) * go], os_[l * go:(l + 1) * go], xq, xc, xd, y, min(go, 4 * nt),
-                            prefetch)
+            variants.matvec(kind, on[l * go:(l + 1) * go], os_[l * go:(l + 1) * go], xq, xc, xd, y, co, prefetch)
             for i in range(hid):
                 h[0, i] += y[i]
             # feed-forward block: norm → silu(Wgate x)·(Wup x) → Wdown, residual
             K.rmsnorm(h, ffn_norm[l], eps, x)
             xq, xc, xd = _q8c_into(x, xq_buf, xd_buf, xc_buf)
             variants.swiglu(kind, gn[l * gg:(l + 1) * gg], gs[l * gg:(l + 1) * gg], un[l * gg:(l + 1) * gg],
-                            us[l * gg:(l + 1) * gg], xq, xc, xd, g.reshape(-1), min(gg, 4 * nt), prefetch)
+                            us[l * gg:(l + 1) * gg], xq, xc, xd, g.reshape(-1), cg, prefetch)
             xq, xc, xd = _q8c_into(g, xq_buf, xd_buf, xc_buf)
-            variants.matvec(kind, dn[l * gd:(l + 1) * gd], ds[l * gd:(l + 1) * gd], xq, xc, xd, y, min(gd, 4 * nt),
-                            prefetch)
+            variants.matvec(kind, dn[l * gd:(l + 1) * gd], ds[l * gd:(l + 1) * gd], xq, xc, xd, y, cd, prefetch)
             for i in range(hid):
                 h[0, i] += y[i]
 
