@@ -125,16 +125,21 @@ def _timing_lines(timings: dict[str, list[float]], nbytes: int, default: str, ta
     return out
 
 
+def _median_winner(timings: dict[str, list[float]], default: str) -> tuple[str, float]:
+    """(the candidate with the lowest median, how much lower its median is than ``default``'s, as a share)."""
+    med = {n: float(np.median(t)) for n, t in timings.items()}
+    best = min(med, key=med.get)
+    return best, 1 - med[best] / med[default]
+
+
 def decide(timings: dict[str, list[float]], default: str, margin: float = MARGIN) -> tuple[str, str]:
     """(the variant to use, why): the fastest median wins only when it is ``margin`` below the default's and
     every one of its runs beats every run of the default; otherwise the default stays."""
     if default not in timings:
         return default, "the ISA default was not timed"
-    med = {n: float(np.median(t)) for n, t in timings.items()}
-    best = min(med, key=med.get)
+    best, gain = _median_winner(timings, default)
     if best == default:
         return default, "the ISA default was also the fastest"
-    gain = 1 - med[best] / med[default]
     if gain >= margin and max(timings[best]) < min(timings[default]):
         return best, f"{best} {gain:.0%} faster than the ISA default {default}, every run"
     return default, (f"{best} measured {gain:.0%} faster than {default}, not clearly (needs ≥ {margin:.0%} and "
@@ -231,11 +236,9 @@ def decide_prefetch(timings: dict[str, list[float]], default: int = V.PREFETCH_B
     d0 = str(default)
     if d0 not in timings:
         return default, "the default distance was not timed"
-    med = {d: float(np.median(t)) for d, t in timings.items()}
-    best = min(med, key=med.get)
+    best, gain = _median_winner(timings, d0)
     if best == d0:
         return default, "measured; the default was also the fastest"
-    gain = 1 - med[best] / med[d0]
     wins = sum(a < b for a, b in zip(timings[best], timings[d0]))
     n = len(timings[d0])
     if gain >= margin and wins >= PREFETCH_WINS * n:

@@ -40,6 +40,7 @@ import numpy as np
 
 from kestrel_lab.kernels import ops as K
 from kestrel_lab.kernels import choice, q8gemm, step, variants
+from kestrel_lab.kernels import v16 as V
 from kestrel_lab.kernels import vision as VK
 from kestrel_lab.kernels.host import host_features
 
@@ -188,7 +189,7 @@ def _register_variant(v: variants.Variant) -> None:
             """The V16 kernels' prefetch distance, measured per machine (``kernels.choice``); left out when it is
             the kernels' default, so one compiled form serves these calls and the lessons' direct ones."""
             d = choice.prefetch_bytes() if v.prefetches else None
-            return () if d is None or d == choice.V.PREFETCH_BYTES else (d,)
+            return () if d is None or d == V.PREFETCH_BYTES else (d,)
 
         def one(w, act, out):
             xq, xc, xd = act.q8c()
